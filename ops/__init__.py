@@ -1,0 +1,51 @@
+"""The Quest operators: schemas, NumPy references, and the native ONNX Runtime custom-op library."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import pathlib
+
+from .schemas import ALL_OPS, DOMAIN, OPS_BY_NAME, VERSION
+
+LIBRARY_FILE = "libquest_ort_ops.so"
+
+
+def get_library_path() -> str:
+    """Absolute path of the custom-op library, for `SessionOptions.register_custom_ops_library`."""
+    path = pathlib.Path(__file__).resolve().with_name(LIBRARY_FILE)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: quest_ort was not built. Install it with `pip install .` "
+            "(or `make install`) from the source tree."
+        )
+    return str(path)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    library = ctypes.CDLL(get_library_path())
+    for symbol in ("QuestOrtOpNames", "QuestOrtKernelIsa"):
+        getattr(library, symbol).restype = ctypes.c_char_p
+    return library
+
+
+def native_op_names() -> tuple[str, ...]:
+    """The ops the native library registers with ONNX Runtime."""
+    return tuple(_library().QuestOrtOpNames().decode().split(","))
+
+
+def native_kernel_isa() -> str:
+    """The kernel variant the native library uses on this CPU ("scalar", ...)."""
+    return _library().QuestOrtKernelIsa().decode()
+
+
+__all__ = [
+    "ALL_OPS",
+    "DOMAIN",
+    "OPS_BY_NAME",
+    "VERSION",
+    "get_library_path",
+    "native_kernel_isa",
+    "native_op_names",
+]

@@ -1,0 +1,104 @@
+"""Register the Quest schemas with `onnx.defs`, so the checker and shape inference understand them.
+
+Type and shape inference follows the schema's dim symbols: a symbol bound by several inputs must
+agree (a conflict between known dims raises), attribute-bound symbols come from the node, and
+output dims are the symbols' values (or unknown when an input dim is symbolic).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import onnx
+from onnx import defs, helper
+
+from .schemas import ALL_OPS, DOMAIN, TYPE_VARS, VERSION, OpSpec
+
+_ONNX_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int32": "tensor(int32)"}
+_ELEM_ENUM = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16, "int32": onnx.TensorProto.INT32}
+_ATTR_TYPES = {"int": defs.OpSchema.AttrType.INT, "float": defs.OpSchema.AttrType.FLOAT, "string": defs.OpSchema.AttrType.STRING}
+
+
+def _type_str(elem: str) -> str:
+    return elem if elem in TYPE_VARS else _ONNX_TYPES[elem]
+
+
+def _formal(tensor) -> defs.OpSchema.FormalParameter:
+    option = defs.OpSchema.FormalParameterOption.Optional if tensor.optional else defs.OpSchema.FormalParameterOption.Single
+    return defs.OpSchema.FormalParameter(tensor.name, _type_str(tensor.elem), tensor.doc, param_option=option)
+
+
+def _attribute(attr) -> defs.OpSchema.Attribute:
+    if attr.required:
+        return defs.OpSchema.Attribute(attr.name, _ATTR_TYPES[attr.kind], attr.doc, required=True)
+    return defs.OpSchema.Attribute(attr.name, helper.make_attribute(attr.name, attr.default), attr.doc)
+
+
+def _attribute_value(ctx, attr):
+    proto = ctx.get_attribute(attr.name)
+    return attr.default if proto is None else helper.get_attribute_value(proto)
+
+
+def _infer(spec: OpSpec, ctx) -> None:
+    dims: dict[str, int | str | None] = {}
+    for symbol, attr_name in spec.symbol_attrs.items():
+        dims[symbol] = _attribute_value(ctx, spec.attribute(attr_name))
+    elem_types: dict[str, int] = {"int32": onnx.TensorProto.INT32, "float32": onnx.TensorProto.FLOAT}
+    for index, tensor in enumerate(spec.inputs):
+        if index >= ctx.get_num_inputs() or not ctx.has_input(index):
+            continue
+        type_proto = ctx.get_input_type(index)
+        if type_proto is None or not type_proto.HasField("tensor_type"):
+            continue
+        elem_types.setdefault(tensor.elem, type_proto.tensor_type.elem_type)
+        if not type_proto.tensor_type.HasField("shape"):
+            continue
+        shape = type_proto.tensor_type.shape.dim
+        if len(shape) != len(tensor.dims):
+            raise onnx.shape_inference.InferenceError(
+                f"{spec.name}: input '{tensor.name}' must have rank {len(tensor.dims)} {list(tensor.dims)}, got {len(shape)}"
+            )
+        for axis, (symbol, dim) in enumerate(zip(tensor.dims, shape)):
+            value = dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None)
+            known = dims.get(symbol)
+            if isinstance(value, int) and isinstance(known, int) and value != known:
+                raise onnx.shape_inference.InferenceError(
+                    f"{spec.name}: input '{tensor.name}' dim {axis} ({symbol}) is {value}, expected {known}"
+                )
+            if known is None or (isinstance(value, int) and not isinstance(known, int)):
+                dims[symbol] = value
+    for derived in spec.derived:
+        a, b = dims.get(derived.a), dims.get(derived.b)
+        if isinstance(a, int) and isinstance(b, int):
+            dims[derived.name] = a * b if derived.op == "mul" else -(-a // b)
+    for index, tensor in enumerate(spec.outputs):
+        if index >= ctx.get_num_outputs() or not ctx.has_output(index):
+            continue
+        elem = elem_types.get(tensor.elem)
+        if elem is None:
+            continue
+        shape = [dims.get(symbol) for symbol in tensor.dims]
+        ctx.set_output_type(index, helper.make_tensor_type_proto(elem, shape))
+
+
+def _schema(spec: OpSpec) -> defs.OpSchema:
+    schema = defs.OpSchema(
+        spec.name,
+        DOMAIN,
+        VERSION,
+        spec.doc,
+        inputs=[_formal(t) for t in spec.inputs],
+        outputs=[_formal(t) for t in spec.outputs],
+        type_constraints=[(var, [_ONNX_TYPES[t] for t in types], f"{var} element type") for var, types in TYPE_VARS.items()],
+        attributes=[_attribute(a) for a in spec.attributes],
+    )
+    schema.set_type_and_shape_inference_function(functools.partial(_infer, spec))
+    return schema
+
+
+@functools.cache
+def register_schemas() -> None:
+    """Register every Quest op with onnx.defs (idempotent)."""
+    for spec in ALL_OPS:
+        if not defs.has(spec.name, DOMAIN):
+            defs.register_schema(_schema(spec))

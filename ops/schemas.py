@@ -1,0 +1,225 @@
+"""The single source of truth for every Quest operator: inputs, outputs, dims, attributes, types.
+
+This module is plain Python (no onnx import) so that the C++ build can read it too:
+`ops/schema_codegen.py` turns it into the header the ORT adapter validates against, and
+`ops/registry.py` turns it into `onnx.defs` schemas for the checker and shape inference.
+
+Dims are named by symbols. A symbol is bound by the first input that has it (or by an attribute,
+see `OpSpec.symbol_attrs`); every later use must agree. `OpSpec.derived` defines symbols computed
+from others (products and ceiling divisions), used only by outputs.
+
+Adding an op touches exactly: this file, `reference/<op>.py`, `graphs/bodies/<op>.py`,
+`csrc/kernels/<op>.h` + `csrc/kernels/scalar/<op>.cc`, `csrc/ort/<op>_op.cc`, the conformance
+cases in `tests/cases.py`. `tests/test_schema_coverage.py` fails until all of them exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+DOMAIN = "quest"
+VERSION = 1
+
+# Element types. "T" is the activation type (query, key, value, output), "TC" the storage type of
+# caches and metadata; both range over FLOAT_TYPES and need not be equal.
+FLOAT_TYPES = ("float32", "float16")
+TYPE_VARS = {"T": FLOAT_TYPES, "TC": FLOAT_TYPES}
+
+ElemType = Literal["T", "TC", "int32", "float32"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    name: str
+    elem: ElemType
+    dims: tuple[str, ...]
+    doc: str
+    optional: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribute:
+    name: str
+    kind: Literal["int", "float", "string"]
+    doc: str
+    default: int | float | str | None = None  # None: required
+    choices: tuple[str, ...] = ()  # allowed values of a string attribute
+    minimum: float | None = None  # inclusive lower bound of a numeric attribute
+    maximum: float | None = None  # inclusive upper bound of a numeric attribute
+
+    @property
+    def required(self) -> bool:
+        return self.default is None
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """A dim symbol computed from two others: `mul` (a*b) or `ceil_div` (ceil(a/b))."""
+
+    name: str
+    op: Literal["mul", "ceil_div"]
+    a: str
+    b: str
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    name: str
+    doc: str
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    attributes: tuple[Attribute, ...]
+    symbol_attrs: dict[str, str] = dataclasses.field(default_factory=dict)
+    derived: tuple[Derived, ...] = ()
+
+    def input_index(self, name: str) -> int:
+        return [t.name for t in self.inputs].index(name)
+
+    def output_index(self, name: str) -> int:
+        return [t.name for t in self.outputs].index(name)
+
+    def attribute(self, name: str) -> Attribute:
+        return next(a for a in self.attributes if a.name == name)
+
+    def defaults(self) -> dict[str, int | float | str]:
+        return {a.name: a.default for a in self.attributes if not a.required}
+
+
+_PAST_LENS = Tensor("past_lens", "int32", ("B",), "tokens already cached in each row before this call")
+_TOTAL_LENS = Tensor(
+    "total_lens",
+    "int32",
+    ("B",),
+    "valid tokens of each row after this call; default past_lens + S, smaller for padded rows",
+    optional=True,
+)
+_HEADS = (
+    Attribute("num_heads", "int", "query heads H", minimum=1),
+    Attribute("kv_num_heads", "int", "KV heads N; num_heads must be a multiple", minimum=1),
+)
+_BLOCK_SIZE = Attribute("block_size", "int", "tokens per metadata block P", minimum=1)
+
+QUEST_METADATA = OpSpec(
+    name="QuestMetadata",
+    doc=(
+        "Update the per-block channel-wise max and min of the keys with this call's new keys. "
+        "Block p // P is set to the key of token p when p % P == 0, else merged element-wise."
+    ),
+    inputs=(
+        Tensor("key", "T", ("B", "N", "S", "D"), "new keys, after RoPE and k-norm"),
+        Tensor("block_max", "TC", ("B", "N", "M", "D"), "per-block channel max so far"),
+        Tensor("block_min", "TC", ("B", "N", "M", "D"), "per-block channel min so far"),
+        _PAST_LENS,
+        _TOTAL_LENS,
+    ),
+    outputs=(
+        Tensor("block_max_out", "TC", ("B", "N", "M", "D"), "updated block max (may alias block_max)"),
+        Tensor("block_min_out", "TC", ("B", "N", "M", "D"), "updated block min (may alias block_min)"),
+    ),
+    attributes=(_BLOCK_SIZE,),
+    symbol_attrs={"P": "block_size"},
+)
+
+SPARSE_BLOCK_SELECT = OpSpec(
+    name="SparseBlockSelect",
+    doc=(
+        "Pick, for every KV head and query position, the top_k blocks by the Quest upper bound "
+        "sum_d max(q_d*kmax_d, q_d*kmin_d), after the forced recent and sink blocks and the "
+        "importance reservation. Output ascending, padded with -1."
+    ),
+    inputs=(
+        Tensor("query", "T", ("B", "H", "S", "D"), "queries, after RoPE and q-norm"),
+        Tensor("block_max", "TC", ("B", "N", "M", "D"), "per-block channel max (QuestMetadata output)"),
+        Tensor("block_min", "TC", ("B", "N", "M", "D"), "per-block channel min (QuestMetadata output)"),
+        _PAST_LENS,
+        _TOTAL_LENS,
+        Tensor(
+            "block_importance",
+            "float32",
+            ("B", "N", "M"),
+            "optional per-block importance (e.g. prefill attention mass)",
+            optional=True,
+        ),
+    ),
+    outputs=(
+        Tensor("block_indices", "int32", ("B", "N", "S", "K"), "selected blocks, ascending, -1 padded"),
+    ),
+    attributes=(
+        *_HEADS,
+        _BLOCK_SIZE,
+        Attribute("top_k", "int", "selection budget K in blocks", minimum=1),
+        Attribute("sink_blocks", "int", "leading blocks always selected", default=1, minimum=0),
+        Attribute(
+            "recent_blocks",
+            "int",
+            "blocks ending at the query's own block that are always selected",
+            default=1,
+            minimum=0,
+        ),
+        Attribute(
+            "group_reduce",
+            "string",
+            "'mean': score once with the mean query of the G heads; 'max': max of each head's bound",
+            default="mean",
+            choices=("mean", "max"),
+        ),
+        Attribute(
+            "importance_fraction",
+            "float",
+            "share of the non-forced budget chosen by block_importance when it is given",
+            default=0.0,
+            minimum=0.0,
+            maximum=1.0,
+        ),
+    ),
+    symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size", "K": "top_k"},
+)
+
+SPARSE_BLOCK_ATTENTION = OpSpec(
+    name="SparseBlockAttention",
+    doc=(
+        "Write the new keys and values into the caches at their positions, then let every valid "
+        "query attend causally to the cache positions of its selected blocks (all blocks when "
+        "block_indices is absent). Softmax in float32 over exactly the attended set."
+    ),
+    inputs=(
+        Tensor("query", "T", ("B", "H", "S", "D"), "queries, after RoPE and q-norm"),
+        Tensor("key", "T", ("B", "N", "S", "D"), "new keys, after RoPE and k-norm"),
+        Tensor("value", "T", ("B", "N", "S", "D"), "new values"),
+        Tensor("key_cache", "TC", ("B", "N", "C", "D"), "key cache at capacity C"),
+        Tensor("value_cache", "TC", ("B", "N", "C", "D"), "value cache at capacity C"),
+        _PAST_LENS,
+        Tensor(
+            "block_indices",
+            "int32",
+            ("B", "N", "S", "K"),
+            "blocks each query may attend (SparseBlockSelect output); absent: dense causal",
+            optional=True,
+        ),
+        _TOTAL_LENS,
+    ),
+    outputs=(
+        Tensor("output", "T", ("B", "S", "HD"), "attention output, heads concatenated"),
+        Tensor("key_cache_out", "TC", ("B", "N", "C", "D"), "key cache with the new keys (may alias)"),
+        Tensor("value_cache_out", "TC", ("B", "N", "C", "D"), "value cache with the new values (may alias)"),
+        Tensor(
+            "block_importance",
+            "float32",
+            ("B", "N", "MC"),
+            "attention mass per cache block, summed over valid queries and the G heads",
+            optional=True,
+        ),
+    ),
+    attributes=(
+        *_HEADS,
+        _BLOCK_SIZE,
+        Attribute("scale", "float", "logit scale; 0 means 1/sqrt(D)", default=0.0, minimum=0.0),
+        Attribute("softcap", "float", "logit soft cap c: c*tanh(x/c); 0 means off", default=0.0, minimum=0.0),
+    ),
+    symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size"},
+    derived=(Derived("HD", "mul", "H", "D"), Derived("MC", "ceil_div", "C", "P")),
+)
+
+ALL_OPS: tuple[OpSpec, ...] = (QUEST_METADATA, SPARSE_BLOCK_SELECT, SPARSE_BLOCK_ATTENTION)
+OPS_BY_NAME = {op.name: op for op in ALL_OPS}
