@@ -1,0 +1,88 @@
+"""NumPy reference of SparseBlockAttention: cache write, then causal attention over chosen blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import resolve_total_lens, valid_positions
+
+
+def attended_positions(row_indices, p, block_size):
+    """Cache positions t <= p inside the chosen blocks (every t <= p when row_indices is None)."""
+    if row_indices is None:
+        return np.arange(p + 1)
+    spans = [np.arange(m * block_size, min((m + 1) * block_size, p + 1)) for m in row_indices if m >= 0]
+    return np.concatenate(spans) if spans else np.zeros(0, dtype=np.int64)
+
+
+def check_block_indices(block_indices, num_blocks):
+    """Entries must be -1 or a block in [0, num_blocks), with no block twice in one row."""
+    if block_indices is None:
+        return
+    flat = np.asarray(block_indices).reshape(-1, block_indices.shape[-1])
+    if ((flat < -1) | (flat >= num_blocks)).any():
+        raise ValueError(f"block_indices must lie in [-1, {num_blocks})")
+    for row in flat:
+        chosen = row[row >= 0]
+        if np.unique(chosen).size != chosen.size:
+            raise ValueError(f"block_indices repeats a block in row {row.tolist()}")
+
+
+def default_scale(head_dim: int) -> np.float32:
+    """1/sqrt(D) as the kernels compute it, in float32."""
+    return np.float32(1.0) / np.sqrt(np.float32(head_dim))
+
+
+def sparse_block_attention(
+    query,
+    key,
+    value,
+    key_cache,
+    value_cache,
+    past_lens,
+    block_indices=None,
+    total_lens=None,
+    *,
+    num_heads,
+    kv_num_heads,
+    block_size,
+    scale=0.0,
+    softcap=0.0,
+):
+    """Return (output [B,S,H*D], key_cache_out, value_cache_out, block_importance [B,N,ceil(C/P)]).
+
+    Attention is computed in float64 on the values the caches hold (new keys and values rounded to
+    the cache dtype), so the kernels' float32 arithmetic is measured against the exact result.
+    """
+    B, H, S, D = query.shape
+    N, C = kv_num_heads, key_cache.shape[2]
+    G, P = H // N, block_size
+    M = -(-C // P)
+    assert H == num_heads and H % N == 0
+    total = resolve_total_lens(past_lens, total_lens, S, C, "the cache capacity C")
+    check_block_indices(block_indices, M)
+    kc, vc = key_cache.copy(), value_cache.copy()
+    for b in range(B):
+        for i, p in valid_positions(int(past_lens[b]), int(total[b])):
+            kc[b, :, p] = key[b, :, i].astype(kc.dtype)
+            vc[b, :, p] = value[b, :, i].astype(vc.dtype)
+    scale = np.float64(default_scale(D) if scale == 0.0 else np.float32(scale))
+    q64, k64, v64 = query.astype(np.float64), kc.astype(np.float64), vc.astype(np.float64)
+    out = np.zeros((B, S, H * D), dtype=np.float64)
+    importance = np.zeros((B, N, M), dtype=np.float64)
+    for b in range(B):
+        for i, p in valid_positions(int(past_lens[b]), int(total[b])):
+            for n in range(N):
+                row = None if block_indices is None else block_indices[b, n, i]
+                pos = attended_positions(row, p, P)
+                if pos.size == 0:
+                    continue
+                heads = slice(n * G, (n + 1) * G)
+                logits = q64[b, heads, i] @ k64[b, n, pos].T * scale  # [G, len(pos)]
+                if softcap > 0.0:
+                    logits = softcap * np.tanh(logits / softcap)
+                weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+                weights /= weights.sum(axis=1, keepdims=True)
+                out[b, i, n * G * D : (n + 1) * G * D] = (weights @ v64[b, n, pos]).reshape(-1)
+                np.add.at(importance[b, n], pos // P, weights.sum(axis=0))
+    return out.astype(query.dtype), kc, vc, importance.astype(np.float32)

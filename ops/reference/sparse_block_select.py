@@ -1,0 +1,102 @@
+"""NumPy reference of SparseBlockSelect: Quest bound scores, forced blocks, importance, top-k."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._common import fmax, lane_sum, resolve_total_lens
+
+
+def bound_scores(query, block_max, block_min, kv_num_heads, group_reduce):
+    """Quest upper bounds [B, N, S, M] in the canonical fp32 order.
+
+    "mean": one bound with the group's mean query (summed over g in order, divided by G);
+    "max": each head's own bound, reduced with `s_g > s ? s_g : s` over g in order.
+    """
+    B, H, S, D = query.shape
+    N, G = kv_num_heads, H // kv_num_heads
+    q = query.astype(np.float32).reshape(B, N, G, S, D)
+    kmax = block_max.astype(np.float32)[:, :, None, None, :, :]  # [B, N, 1, 1, M, D]
+    kmin = block_min.astype(np.float32)[:, :, None, None, :, :]
+    if group_reduce == "mean":
+        total = q[:, :, 0]
+        for g in range(1, G):
+            total = total + q[:, :, g]
+        q = (total / np.float32(G))[:, :, None]  # [B, N, 1, S, D]
+    qd = q[:, :, :, :, None, :]  # [B, N, G', S, 1, D]
+    per_head = lane_sum(fmax(qd * kmax, qd * kmin))  # [B, N, G', S, M]
+    scores = per_head[:, :, 0]
+    for g in range(1, per_head.shape[2]):
+        scores = fmax(per_head[:, :, g], scores)
+    return scores
+
+
+def rank_order(values: np.ndarray, candidates) -> list[int]:
+    """Candidates best first: higher value first, NaN last, ties to the lower block index."""
+    return sorted(candidates, key=lambda m: (bool(np.isnan(values[m])), -float(values[m]) if not np.isnan(values[m]) else 0.0, m))
+
+
+def forced_blocks(current: int, sink_blocks: int, recent_blocks: int) -> list[int]:
+    """Forced blocks in priority order: the recent blocks newest first, then the sinks ascending."""
+    order = [m for m in range(current, current - recent_blocks, -1) if m >= 0]
+    order += [m for m in range(min(sink_blocks, current + 1)) if m not in order]
+    return order
+
+
+def select_row(scores, importance, current, top_k, sink_blocks, recent_blocks, importance_fraction):
+    """The chosen blocks (ascending) of one (b, n, query position) whose own block is `current`."""
+    eligible = current + 1
+    if eligible <= top_k:
+        return list(range(eligible))
+    chosen = forced_blocks(current, sink_blocks, recent_blocks)[:top_k]
+    remaining = top_k - len(chosen)
+    if importance is not None and remaining > 0:
+        n_importance = math.floor(float(np.float32(importance_fraction)) * remaining)
+        candidates = [m for m in range(eligible) if m not in chosen]
+        chosen += rank_order(importance, candidates)[:n_importance]
+        remaining -= n_importance
+    candidates = [m for m in range(eligible) if m not in chosen]
+    chosen += rank_order(scores, candidates)[:remaining]
+    return sorted(chosen)
+
+
+def sparse_block_select(
+    query,
+    block_max,
+    block_min,
+    past_lens,
+    total_lens=None,
+    block_importance=None,
+    *,
+    num_heads,
+    kv_num_heads,
+    block_size,
+    top_k,
+    sink_blocks=1,
+    recent_blocks=1,
+    group_reduce="mean",
+    importance_fraction=0.0,
+):
+    """Return block_indices [B, N, S, top_k] int32: chosen blocks ascending, -1 padded."""
+    B, H, S, _ = query.shape
+    N, M = kv_num_heads, block_max.shape[2]
+    assert H == num_heads and H % N == 0
+    total = resolve_total_lens(past_lens, total_lens, S, M * block_size, "M * block_size")
+    scores = bound_scores(query, block_max, block_min, N, group_reduce)
+    out = np.full((B, N, S, top_k), -1, dtype=np.int32)
+    for b in range(B):
+        past = int(past_lens[b])
+        for i in range(S):
+            p = past + i
+            if p >= total[b]:
+                continue
+            for n in range(N):
+                importance = None if block_importance is None else block_importance[b, n]
+                row = select_row(
+                    scores[b, n, i], importance, p // block_size, top_k,
+                    sink_blocks, recent_blocks, importance_fraction,
+                )
+                out[b, n, i, : len(row)] = row
+    return out
