@@ -1,0 +1,72 @@
+// The canonical fp32 arithmetic every kernel variant reproduces bit for bit (see docs/ops.md).
+//
+// No fused multiply-add anywhere (the library builds with -ffp-contract=off): a SIMD variant that
+// does `acc = acc + a * b` lane by lane rounds exactly like this scalar code.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "half.h"
+
+namespace quest {
+
+inline constexpr int kLanes = 16;
+
+// `a > b ? a : b` and `a < b ? a : b`: x86 maxps/minps semantics, also for NaN and signed zeros.
+inline float max_select(float a, float b) { return a > b ? a : b; }
+inline float min_select(float a, float b) { return a < b ? a : b; }
+
+// Sixteen lane accumulators: term d goes to lane d % 16; fold() halves 8, 4, 2, 1.
+struct LaneSum {
+  float lane[kLanes] = {};
+  void add(int64_t d, float term) { lane[d & (kLanes - 1)] += term; }
+  float fold() {
+    for (int width = kLanes / 2; width >= 1; width /= 2)
+      for (int i = 0; i < width; ++i) lane[i] = lane[i] + lane[i + width];
+    return lane[0];
+  }
+};
+
+template <typename TA, typename TB>
+inline float canonical_dot(const TA* a, const TB* b, int64_t n) {
+  LaneSum sum;
+  for (int64_t d = 0; d < n; ++d) sum.add(d, to_float(a[d]) * to_float(b[d]));
+  return sum.fold();
+}
+
+// exp(x) for the softmax, where x <= 0: range reduction by ln 2 and a degree-6 polynomial, with
+// mul and add only so that every SIMD variant can repeat it exactly. Below -87 (and for NaN) it
+// returns 0; above 0 it clamps to exp(0) = 1.
+inline float canonical_exp(float x) {
+  if (!(x >= -87.0f)) return 0.0f;
+  if (x > 0.0f) x = 0.0f;
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r;
+  p = p + 1.0f;
+  const int32_t biased = static_cast<int32_t>(n) + 127;  // n in [-126, 0]: a normal power of two
+  const uint32_t bits = static_cast<uint32_t>(biased) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// tanh(x) through canonical_exp of a non-positive argument, for the logit soft cap.
+inline float canonical_tanh(float x) {
+  const float ax = x < 0.0f ? -x : x;
+  const float e = canonical_exp(-2.0f * ax);
+  const float t = (1.0f - e) / (1.0f + e);
+  return x < 0.0f ? -t : t;
+}
+
+}  // namespace quest

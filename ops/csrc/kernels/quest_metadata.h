@@ -1,0 +1,25 @@
+// QuestMetadata kernel interface: parameters and raw pointers, no framework types.
+#pragma once
+
+#include <cstdint>
+
+#include "types.h"
+
+namespace quest {
+
+struct QuestMetadataParams {
+  int64_t batch = 0, kv_heads = 0, new_tokens = 0, head_dim = 0, num_blocks = 0, block_size = 0;
+  const int32_t* past_lens = nullptr;   // [B]
+  const int32_t* total_lens = nullptr;  // [B], resolved (never null), validated by the adapter
+  DType key_type = DType::F32, cache_type = DType::F32;
+  const void* key = nullptr;  // [B, N, S, D] key_type
+  void* block_max = nullptr;  // [B, N, M, D] cache_type, updated in place
+  void* block_min = nullptr;  // [B, N, M, D] cache_type, updated in place
+};
+
+// Updates the metadata of work items [begin, end), one item per (b, n) = b * kv_heads + n.
+using QuestMetadataFn = void (*)(const QuestMetadataParams&, int64_t begin, int64_t end);
+
+void quest_metadata_scalar(const QuestMetadataParams& params, int64_t begin, int64_t end);
+
+}  // namespace quest

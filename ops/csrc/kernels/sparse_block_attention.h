@@ -1,0 +1,36 @@
+// SparseBlockAttention kernel interface: cache write and attention, raw pointers, no framework types.
+#pragma once
+
+#include <cstdint>
+
+#include "types.h"
+
+namespace quest {
+
+struct SparseBlockAttentionParams {
+  int64_t batch = 0, num_heads = 0, kv_heads = 0, query_len = 0, head_dim = 0;
+  int64_t capacity = 0, block_size = 0, num_blocks = 0;  // num_blocks = ceil(capacity / block_size)
+  int64_t top_k = 0;                                     // columns of block_indices; 0 when dense
+  float scale = 0.0f, softcap = 0.0f;                    // scale already resolved (never 0)
+  const int32_t* past_lens = nullptr;      // [B]
+  const int32_t* total_lens = nullptr;     // [B], resolved (never null), validated by the adapter
+  const int32_t* block_indices = nullptr;  // [B, N, S, K] validated, or null for dense causal
+  DType activation_type = DType::F32, cache_type = DType::F32;
+  const void* query = nullptr;  // [B, H, S, D] activation_type
+  const void* key = nullptr;    // [B, N, S, D] activation_type (new tokens)
+  const void* value = nullptr;  // [B, N, S, D] activation_type (new tokens)
+  void* key_cache = nullptr;    // [B, N, C, D] cache_type: the output cache, written in place
+  void* value_cache = nullptr;  // [B, N, C, D] cache_type: the output cache, written in place
+  void* output = nullptr;       // [B, S, H * D] activation_type
+  float* block_importance = nullptr;  // [B, N, num_blocks] or null; zeroed and filled per item
+};
+
+// Writes the valid new keys/values of work items [begin, end), one per (b, n), into the caches.
+using CacheWriteFn = void (*)(const SparseBlockAttentionParams&, int64_t begin, int64_t end);
+// Attends for work items [begin, end), one per (b, n); the caches must already hold the new tokens.
+using SparseBlockAttentionFn = void (*)(const SparseBlockAttentionParams&, int64_t begin, int64_t end);
+
+void write_cache_tokens_scalar(const SparseBlockAttentionParams& params, int64_t begin, int64_t end);
+void sparse_block_attention_scalar(const SparseBlockAttentionParams& params, int64_t begin, int64_t end);
+
+}  // namespace quest

@@ -1,0 +1,32 @@
+// SparseBlockSelect kernel interface: parameters and raw pointers, no framework types.
+#pragma once
+
+#include <cstdint>
+
+#include "types.h"
+
+namespace quest {
+
+enum class GroupReduce { Mean, Max };
+
+struct SparseBlockSelectParams {
+  int64_t batch = 0, num_heads = 0, kv_heads = 0, query_len = 0, head_dim = 0;
+  int64_t num_blocks = 0, block_size = 0, top_k = 0, sink_blocks = 0, recent_blocks = 0;
+  GroupReduce reduce = GroupReduce::Mean;
+  float importance_fraction = 0.0f;
+  const int32_t* past_lens = nullptr;         // [B]
+  const int32_t* total_lens = nullptr;        // [B], resolved (never null), validated by the adapter
+  const float* block_importance = nullptr;    // [B, N, M] or null
+  DType query_type = DType::F32, cache_type = DType::F32;
+  const void* query = nullptr;      // [B, H, S, D] query_type
+  const void* block_max = nullptr;  // [B, N, M, D] cache_type
+  const void* block_min = nullptr;  // [B, N, M, D] cache_type
+  int32_t* block_indices = nullptr;  // [B, N, S, K] output
+};
+
+// Selects for work items [begin, end), one item per (b, n) = b * kv_heads + n.
+using SparseBlockSelectFn = void (*)(const SparseBlockSelectParams&, int64_t begin, int64_t end);
+
+void sparse_block_select_scalar(const SparseBlockSelectParams& params, int64_t begin, int64_t end);
+
+}  // namespace quest

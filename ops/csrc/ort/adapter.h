@@ -1,0 +1,148 @@
+// The thin ORT layer shared by every op: schema-driven attribute and input validation, output
+// allocation, ORT's thread pool, error conversion, and the registration template.
+#pragma once
+
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../kernels/types.h"
+#include "quest_schemas.gen.h"
+
+namespace quest::ort {
+
+// A validation failure; becomes an ORT_INVALID_ARGUMENT status naming the op and the input.
+class OpError : public std::runtime_error {
+ public:
+  OpError(const schema::OpSchema& op, const std::string& message)
+      : std::runtime_error(std::string(op.name) + ": " + message) {}
+};
+
+std::string format_shape(const std::vector<int64_t>& shape);
+
+// The op's attributes, read once per kernel, defaulted and range-checked against the schema.
+class Attributes {
+ public:
+  Attributes(const schema::OpSchema& op, const OrtKernelInfo* info);
+  int64_t get_int(const char* name) const { return ints_.at(name); }
+  float get_float(const char* name) const { return floats_.at(name); }
+  const std::string& get_string(const char* name) const { return strings_.at(name); }
+
+ private:
+  std::map<std::string, int64_t> ints_;
+  std::map<std::string, float> floats_;
+  std::map<std::string, std::string> strings_;
+};
+
+struct TensorArg {
+  const OrtValue* value = nullptr;  // null when an optional input is absent
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  bool present() const { return value != nullptr; }
+  template <typename V>
+  const V* as() const { return static_cast<const V*>(data); }
+};
+
+// Every input checked against the schema: presence, element type, rank, and dims that agree with
+// each other and with the attributes. Dim symbols (B, N, S, ...) are then looked up by name.
+class BoundInputs {
+ public:
+  BoundInputs(const schema::OpSchema& op, OrtKernelContext* context, const Attributes& attributes);
+  const TensorArg& operator[](int index) const { return inputs_[index]; }
+  int64_t dim(const char* symbol) const { return dims_.at(symbol); }
+  DType activation_type() const { return type_vars_.at("T"); }
+  DType cache_type() const { return type_vars_.at("TC"); }
+  // The shape of output `index` from its dim symbols.
+  std::vector<int64_t> output_shape(int index) const;
+  [[noreturn]] void fail(const std::string& message) const { throw OpError(op_, message); }
+
+ private:
+  void bind_dim(const char* symbol, int64_t value, const std::string& origin);
+  const schema::OpSchema& op_;
+  std::vector<TensorArg> inputs_;
+  std::map<std::string, int64_t> dims_;
+  std::map<std::string, std::string> dim_origins_;
+  std::map<std::string, DType> type_vars_;
+  std::map<std::string, std::string> type_origins_;
+};
+
+// Resolves and validates the per-row lengths of a call against `limit` tokens (capacity C for
+// the attention, M * P for the metadata ops). Returns total_lens (default past_lens + S).
+std::vector<int32_t> resolve_total_lens(const BoundInputs& in, int past_index, int total_index,
+                                        int64_t new_tokens, int64_t limit, const char* limit_name);
+
+// Allocates output `index` with its schema shape; returns its data pointer.
+void* allocate_output(OrtKernelContext* context, const BoundInputs& in, int index);
+// True when the output buffer is bound to the same memory as the input (IOBinding in place).
+// Otherwise copies the input into the output first, so the kernels always update in place.
+bool prepare_in_place(const TensorArg& input, void* output, const BoundInputs& in);
+
+// Runs fn(item) for item in [0, total) on ORT's intra-op thread pool. Items must be independent.
+void parallel_for(OrtKernelContext* context, int64_t total, const std::function<void(int64_t)>& fn);
+
+size_t element_size(DType dtype);
+
+// Registers one ORT custom op per (activation, cache) dtype pair for a kernel class.
+// The kernel class provides: Kernel(const OrtKernelInfo*) and void Compute(OrtKernelContext*),
+// and a static `schema()` returning its generated schema.
+template <typename Kernel>
+struct QuestCustomOp : Ort::CustomOpBase<QuestCustomOp<Kernel>, Kernel, true> {
+  QuestCustomOp(ONNXTensorElementDataType activation, ONNXTensorElementDataType cache)
+      : activation_(activation), cache_(cache) {}
+
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      *kernel = new Kernel(info);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return api.CreateStatus(ORT_INVALID_ARGUMENT, e.what());
+    }
+  }
+  const char* GetName() const { return Kernel::schema().name; }
+  size_t GetInputTypeCount() const { return Kernel::schema().num_inputs; }
+  size_t GetOutputTypeCount() const { return Kernel::schema().num_outputs; }
+  ONNXTensorElementDataType GetInputType(size_t i) const { return resolve(Kernel::schema().inputs[i].elem); }
+  ONNXTensorElementDataType GetOutputType(size_t i) const { return resolve(Kernel::schema().outputs[i].elem); }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return Kernel::schema().inputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return Kernel::schema().outputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+
+ private:
+  ONNXTensorElementDataType resolve(schema::Elem elem) const {
+    switch (elem) {
+      case schema::Elem::T: return activation_;
+      case schema::Elem::TC: return cache_;
+      case schema::Elem::Int32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+      case schema::Elem::Float32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    }
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  }
+  ONNXTensorElementDataType activation_, cache_;
+};
+
+// Turns exceptions from a kernel's Compute into an ORT status.
+OrtStatusPtr status_from_current_exception();
+
+template <typename Kernel>
+struct KernelBase {
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    try {
+      static_cast<Kernel*>(this)->Compute(context);
+      return nullptr;
+    } catch (...) {
+      return status_from_current_exception();
+    }
+  }
+};
+
+}  // namespace quest::ort

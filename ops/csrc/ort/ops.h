@@ -1,0 +1,43 @@
+// The ORT kernel classes of the Quest ops, one per op, each bound to its generated schema.
+#pragma once
+
+#include "adapter.h"
+
+namespace quest::ort {
+
+// num_heads must be a multiple of kv_num_heads (checked when the session is created).
+void check_head_grouping(const schema::OpSchema& op, const Attributes& attributes);
+// a * b, saturated at INT32_MAX: lengths are int32, so any larger limit never binds.
+int64_t saturating_mul(int64_t a, int64_t b);
+
+class QuestMetadataKernel : public KernelBase<QuestMetadataKernel> {
+ public:
+  explicit QuestMetadataKernel(const OrtKernelInfo* info);
+  static const schema::OpSchema& schema();
+  void Compute(OrtKernelContext* context);
+
+ private:
+  Attributes attributes_;
+};
+
+class SparseBlockSelectKernel : public KernelBase<SparseBlockSelectKernel> {
+ public:
+  explicit SparseBlockSelectKernel(const OrtKernelInfo* info);
+  static const schema::OpSchema& schema();
+  void Compute(OrtKernelContext* context);
+
+ private:
+  Attributes attributes_;
+};
+
+class SparseBlockAttentionKernel : public KernelBase<SparseBlockAttentionKernel> {
+ public:
+  explicit SparseBlockAttentionKernel(const OrtKernelInfo* info);
+  static const schema::OpSchema& schema();
+  void Compute(OrtKernelContext* context);
+
+ private:
+  Attributes attributes_;
+};
+
+}  // namespace quest::ort

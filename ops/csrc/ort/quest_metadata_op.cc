@@ -1,0 +1,42 @@
+// ORT adapter of QuestMetadata: validate, resolve lengths, update the metadata in place.
+#include "../kernels/dispatch.h"
+#include "adapter.h"
+#include "ops.h"
+
+namespace quest::ort {
+
+namespace io = schema::QuestMetadata;
+
+QuestMetadataKernel::QuestMetadataKernel(const OrtKernelInfo* info) : attributes_(schema(), info) {}
+
+const schema::OpSchema& QuestMetadataKernel::schema() { return io::kSchema; }
+
+void QuestMetadataKernel::Compute(OrtKernelContext* context) {
+  const BoundInputs in(schema(), context, attributes_);
+  const int64_t B = in.dim("B"), N = in.dim("N"), S = in.dim("S"), M = in.dim("M"), P = in.dim("P");
+  const std::vector<int32_t> total =
+      resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
+  void* block_max = allocate_output(context, in, io::out::block_max_out);
+  void* block_min = allocate_output(context, in, io::out::block_min_out);
+  prepare_in_place(in[io::in::block_max], block_max, in);
+  prepare_in_place(in[io::in::block_min], block_min, in);
+
+  QuestMetadataParams params;
+  params.batch = B;
+  params.kv_heads = N;
+  params.new_tokens = S;
+  params.head_dim = in.dim("D");
+  params.num_blocks = M;
+  params.block_size = P;
+  params.past_lens = in[io::in::past_lens].as<int32_t>();
+  params.total_lens = total.data();
+  params.key_type = in.activation_type();
+  params.cache_type = in.cache_type();
+  params.key = in[io::in::key].data;
+  params.block_max = block_max;
+  params.block_min = block_min;
+  const QuestMetadataFn kernel = active_kernels().quest_metadata;
+  parallel_for(context, B * N, [&](int64_t item) { kernel(params, item, item + 1); });
+}
+
+}  // namespace quest::ort

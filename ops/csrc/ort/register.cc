@@ -1,0 +1,77 @@
+// The library's entry points: RegisterCustomOps for ORT, and two introspection symbols for tests.
+#include <climits>
+#include <mutex>
+
+#include "../kernels/dispatch.h"
+#include "adapter.h"
+#include "ops.h"
+
+namespace quest::ort {
+
+void check_head_grouping(const schema::OpSchema& op, const Attributes& attributes) {
+  const int64_t H = attributes.get_int("num_heads"), N = attributes.get_int("kv_num_heads");
+  if (H % N != 0)
+    throw OpError(op, "attribute 'num_heads' = " + std::to_string(H) + " is not a multiple of 'kv_num_heads' = " +
+                          std::to_string(N));
+}
+
+int64_t saturating_mul(int64_t a, int64_t b) {
+  if (a <= 0 || b <= 0) return 0;
+  return a > INT32_MAX / b ? INT32_MAX : a * b;
+}
+
+namespace {
+
+constexpr ONNXTensorElementDataType kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr ONNXTensorElementDataType kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+
+// One registration per (activation T, cache TC) pair; ORT picks the one matching the node.
+template <typename Kernel>
+void add_variants(Ort::CustomOpDomain& domain) {
+  static QuestCustomOp<Kernel> variants[] = {{kFloat, kFloat}, {kFloat, kHalf}, {kHalf, kFloat}, {kHalf, kHalf}};
+  for (auto& variant : variants) domain.Add(&variant);
+}
+
+}  // namespace
+}  // namespace quest::ort
+
+extern "C" {
+
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
+                                                                                 const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) return nullptr;  // an ORT older than the headers: nothing can be reported
+  Ort::InitApi(api);
+  try {
+    // One domain object for the process: ORT keeps pointers to it for every session.
+    static std::once_flag once;
+    static Ort::CustomOpDomain* domain = nullptr;
+    std::call_once(once, [] {
+      domain = new Ort::CustomOpDomain(quest::schema::kDomain);
+      quest::ort::add_variants<quest::ort::QuestMetadataKernel>(*domain);
+      quest::ort::add_variants<quest::ort::SparseBlockSelectKernel>(*domain);
+      quest::ort::add_variants<quest::ort::SparseBlockAttentionKernel>(*domain);
+    });
+    Ort::UnownedSessionOptions(options).Add(*domain);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return api->CreateStatus(ORT_FAIL, e.what());
+  }
+}
+
+// Comma-separated names of the ops this library registers (the schema coverage test reads it).
+__attribute__((visibility("default"))) const char* QuestOrtOpNames() {
+  static const std::string names = [] {
+    std::string joined;
+    for (const quest::schema::OpSchema* op :
+         {&quest::ort::QuestMetadataKernel::schema(), &quest::ort::SparseBlockSelectKernel::schema(),
+          &quest::ort::SparseBlockAttentionKernel::schema()})
+      joined += std::string(joined.empty() ? "" : ",") + op->name;
+    return joined;
+  }();
+  return names.c_str();
+}
+
+// The kernel variant in use on this CPU ("scalar", ...).
+__attribute__((visibility("default"))) const char* QuestOrtKernelIsa() { return quest::active_kernels().isa; }
+}

@@ -1,0 +1,100 @@
+// ORT adapter of SparseBlockAttention: validate everything, write the new tokens, then attend.
+#include <cmath>
+#include <vector>
+
+#include "../kernels/dispatch.h"
+#include "adapter.h"
+#include "ops.h"
+
+namespace quest::ort {
+
+namespace io = schema::SparseBlockAttention;
+
+namespace {
+
+// Every entry -1 or a block in [0, num_blocks); no block twice in one row.
+void check_block_indices(const BoundInputs& in, int64_t num_blocks) {
+  const TensorArg& indices = in[io::in::block_indices];
+  if (!indices.present()) return;
+  const int64_t K = in.dim("K"), rows = in.dim("B") * in.dim("N") * in.dim("S");
+  const int32_t* data = indices.as<int32_t>();
+  std::vector<uint8_t> seen(static_cast<size_t>(num_blocks), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* row = data + r * K;
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t m = row[j];
+      if (m == -1) continue;
+      if (m < -1 || m >= num_blocks) {
+        for (int64_t u = 0; u < j; ++u)
+          if (row[u] >= 0) seen[row[u]] = 0;
+        in.fail("input 'block_indices' row " + std::to_string(r) + " holds " + std::to_string(m) +
+                ", outside [-1, " + std::to_string(num_blocks) + ")");
+      }
+      if (seen[m]) in.fail("input 'block_indices' row " + std::to_string(r) + " repeats block " + std::to_string(m));
+      seen[m] = 1;
+    }
+    for (int64_t j = 0; j < K; ++j)
+      if (row[j] >= 0) seen[row[j]] = 0;
+  }
+}
+
+}  // namespace
+
+SparseBlockAttentionKernel::SparseBlockAttentionKernel(const OrtKernelInfo* info) : attributes_(schema(), info) {
+  check_head_grouping(schema(), attributes_);
+}
+
+const schema::OpSchema& SparseBlockAttentionKernel::schema() { return io::kSchema; }
+
+void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
+  const BoundInputs in(schema(), context, attributes_);
+  const int64_t B = in.dim("B"), N = in.dim("N"), S = in.dim("S"), C = in.dim("C"), D = in.dim("D");
+  if (D < 1) in.fail("input 'query' dim 3 (D) must be positive");
+  const int64_t num_blocks = in.dim("MC");
+  const std::vector<int32_t> total =
+      resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, C, "the cache capacity C (key_cache dim 2)");
+  check_block_indices(in, num_blocks);
+
+  void* output = allocate_output(context, in, io::out::output);
+  void* key_cache = allocate_output(context, in, io::out::key_cache_out);
+  void* value_cache = allocate_output(context, in, io::out::value_cache_out);
+  Ort::KernelContext ctx(context);
+  float* importance = ctx.GetOutputCount() > static_cast<size_t>(io::out::block_importance)
+                          ? static_cast<float*>(allocate_output(context, in, io::out::block_importance))
+                          : nullptr;
+  prepare_in_place(in[io::in::key_cache], key_cache, in);
+  prepare_in_place(in[io::in::value_cache], value_cache, in);
+
+  const float scale = attributes_.get_float("scale");
+  SparseBlockAttentionParams params;
+  params.batch = B;
+  params.num_heads = in.dim("H");
+  params.kv_heads = N;
+  params.query_len = S;
+  params.head_dim = D;
+  params.capacity = C;
+  params.block_size = in.dim("P");
+  params.num_blocks = num_blocks;
+  params.scale = scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(D)) : scale;
+  params.softcap = attributes_.get_float("softcap");
+  params.past_lens = in[io::in::past_lens].as<int32_t>();
+  params.total_lens = total.data();
+  params.block_indices = in[io::in::block_indices].as<int32_t>();
+  params.top_k = in[io::in::block_indices].present() ? in.dim("K") : 0;
+  params.activation_type = in.activation_type();
+  params.cache_type = in.cache_type();
+  params.query = in[io::in::query].data;
+  params.key = in[io::in::key].data;
+  params.value = in[io::in::value].data;
+  params.key_cache = key_cache;
+  params.value_cache = value_cache;
+  params.output = output;
+  params.block_importance = importance;
+  const KernelTable& kernels = active_kernels();
+  parallel_for(context, B * N, [&](int64_t item) {
+    kernels.write_cache_tokens(params, item, item + 1);
+    kernels.sparse_block_attention(params, item, item + 1);
+  });
+}
+
+}  // namespace quest::ort

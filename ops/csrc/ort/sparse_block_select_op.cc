@@ -1,0 +1,50 @@
+// ORT adapter of SparseBlockSelect: validate, resolve lengths, select per (batch, KV head).
+#include "../kernels/dispatch.h"
+#include "adapter.h"
+#include "ops.h"
+
+namespace quest::ort {
+
+namespace io = schema::SparseBlockSelect;
+
+SparseBlockSelectKernel::SparseBlockSelectKernel(const OrtKernelInfo* info) : attributes_(schema(), info) {
+  check_head_grouping(schema(), attributes_);
+}
+
+const schema::OpSchema& SparseBlockSelectKernel::schema() { return io::kSchema; }
+
+void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
+  const BoundInputs in(schema(), context, attributes_);
+  const int64_t B = in.dim("B"), N = in.dim("N"), S = in.dim("S"), M = in.dim("M"), P = in.dim("P");
+  if (in.dim("D") < 1) in.fail("input 'query' dim 3 (D) must be positive");
+  const std::vector<int32_t> total =
+      resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
+  auto* indices = static_cast<int32_t*>(allocate_output(context, in, io::out::block_indices));
+
+  SparseBlockSelectParams params;
+  params.batch = B;
+  params.num_heads = in.dim("H");
+  params.kv_heads = N;
+  params.query_len = S;
+  params.head_dim = in.dim("D");
+  params.num_blocks = M;
+  params.block_size = P;
+  params.top_k = in.dim("K");
+  params.sink_blocks = attributes_.get_int("sink_blocks");
+  params.recent_blocks = attributes_.get_int("recent_blocks");
+  params.reduce = attributes_.get_string("group_reduce") == "max" ? GroupReduce::Max : GroupReduce::Mean;
+  params.importance_fraction = attributes_.get_float("importance_fraction");
+  params.past_lens = in[io::in::past_lens].as<int32_t>();
+  params.total_lens = total.data();
+  params.block_importance = in[io::in::block_importance].as<float>();
+  params.query_type = in.activation_type();
+  params.cache_type = in.cache_type();
+  params.query = in[io::in::query].data;
+  params.block_max = in[io::in::block_max].data;
+  params.block_min = in[io::in::block_min].data;
+  params.block_indices = indices;
+  const SparseBlockSelectFn kernel = active_kernels().sparse_block_select;
+  parallel_for(context, B * N, [&](int64_t item) { kernel(params, item, item + 1); });
+}
+
+}  // namespace quest::ort
