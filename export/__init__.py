@@ -1,0 +1,1 @@
+"""Rewrite exported Hugging Face models so their attention runs through the Quest operators."""

@@ -1,0 +1,31 @@
+"""Run one Quest op in ONNX Runtime, natively or through its standard-op function body."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..graphs.op_graphs import op_model
+from .sessions import make_session
+
+
+def run_op(
+    op_name: str,
+    inputs: Mapping[str, np.ndarray | None],
+    attributes: Mapping[str, object],
+    *,
+    outputs: tuple[str, ...] | None = None,
+    native: bool = True,
+    threads: int | None = 1,
+) -> dict[str, np.ndarray]:
+    """Outputs of one `op_name` node by name: the native kernel, or the function body when not native."""
+    model = op_model(op_name, inputs, attributes, outputs=outputs)
+    if not native:
+        from ..graphs.functions import expand_quest_ops
+
+        model = expand_quest_ops(model)
+    session = make_session(model, threads=threads, register_library=native)
+    feeds = {name: array for name, array in inputs.items() if array is not None}
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
