@@ -27,6 +27,7 @@ def _library() -> ctypes.CDLL:
     library = ctypes.CDLL(get_library_path())
     for symbol in ("QuestOrtOpNames", "QuestOrtKernelIsa"):
         getattr(library, symbol).restype = ctypes.c_char_p
+    library.QuestOrtCopiedBytes.restype = ctypes.c_uint64
     return library
 
 
@@ -40,12 +41,22 @@ def native_kernel_isa() -> str:
     return _library().QuestOrtKernelIsa().decode()
 
 
+def native_copied_bytes() -> int:
+    """Bytes the native ops copied because an output cache was not bound to its input buffer.
+
+    Counts within this process, for the library instance ONNX Runtime loaded: a decode step whose
+    present caches are bound in place (IOBinding) adds nothing.
+    """
+    return int(_library().QuestOrtCopiedBytes())
+
+
 __all__ = [
     "ALL_OPS",
     "DOMAIN",
     "OPS_BY_NAME",
     "VERSION",
     "get_library_path",
+    "native_copied_bytes",
     "native_kernel_isa",
     "native_op_names",
 ]

@@ -248,11 +248,17 @@ void* allocate_output(OrtKernelContext* context, const BoundInputs& in, int inde
   return ctx.GetOutput(index, shape.data(), shape.size()).GetTensorMutableRawData();
 }
 
+std::atomic<uint64_t>& copied_bytes() {
+  static std::atomic<uint64_t> counter{0};
+  return counter;
+}
+
 bool prepare_in_place(const TensorArg& input, void* output, const BoundInputs& in) {
   if (input.data == output) return true;
-  size_t bytes = in.cache_type() == DType::F32 ? 4 : 2;
+  size_t bytes = element_size(in.cache_type());
   for (int64_t extent : input.shape) bytes *= static_cast<size_t>(extent);
   if (bytes > 0) std::memcpy(output, input.data, bytes);
+  copied_bytes() += bytes;
   return false;
 }
 

@@ -6,6 +6,7 @@
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -83,6 +84,8 @@ void* allocate_output(OrtKernelContext* context, const BoundInputs& in, int inde
 // True when the output buffer is bound to the same memory as the input (IOBinding in place).
 // Otherwise copies the input into the output first, so the kernels always update in place.
 bool prepare_in_place(const TensorArg& input, void* output, const BoundInputs& in);
+// Bytes copied by prepare_in_place since the library loaded (tests prove in-place steps copy 0).
+std::atomic<uint64_t>& copied_bytes();
 
 // Runs fn(item) for item in [0, total) on ORT's intra-op thread pool. Items must be independent.
 void parallel_for(OrtKernelContext* context, int64_t total, const std::function<void(int64_t)>& fn);

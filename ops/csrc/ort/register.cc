@@ -72,6 +72,9 @@ __attribute__((visibility("default"))) const char* QuestOrtOpNames() {
   return names.c_str();
 }
 
+// Bytes of cache or metadata copied because an output was not bound to its input's buffer.
+__attribute__((visibility("default"))) uint64_t QuestOrtCopiedBytes() { return quest::ort::copied_bytes().load(); }
+
 // The kernel variant in use on this CPU ("scalar", ...).
 __attribute__((visibility("default"))) const char* QuestOrtKernelIsa() { return quest::active_kernels().isa; }
 }

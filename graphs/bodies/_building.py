@@ -1,0 +1,80 @@
+"""Small graph-building helpers shared by the function bodies (standard ONNX ops only).
+
+Every helper takes the onnxscript builder `op` first, so the same code traces into an inlined
+subgraph (a TapeBuilder) or an `ir.Function` (onnxscript.build_function).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from ...ops.reference._common import LANES
+
+F32 = ir.DataType.FLOAT
+F64 = ir.DataType.DOUBLE
+I64 = ir.DataType.INT64
+
+
+def const(op, value, dtype) -> ir.Value:
+    return op.Constant(value=ir.tensor(np.asarray(value, dtype=dtype)))
+
+
+def ints(op, *values: int) -> ir.Value:
+    """A 1-D int64 constant, the form Slice, Reshape, Unsqueeze and Pad take."""
+    return const(op, list(values), np.int64)
+
+
+def dim(op, x, axis: int) -> ir.Value:
+    """Dim `axis` of x as a 1-D int64 tensor of one element."""
+    if axis == -1:
+        return op.Shape(x, start=-1)
+    return op.Shape(x, start=axis, end=axis + 1)
+
+
+def scalar(op, one_element) -> ir.Value:
+    return op.Squeeze(one_element, ints(op, 0))
+
+
+def take(op, x, axis: int, start, end) -> ir.Value:
+    """x[..., start:end, ...] along `axis`; start/end are ints or 1-D int64 tensors."""
+    start = ints(op, start) if isinstance(start, int) else start
+    end = ints(op, end) if isinstance(end, int) else end
+    return op.Slice(x, start, end, ints(op, axis))
+
+
+def positions(op, past_lens, total_lens, new_tokens):
+    """(pos [B, S] int64, valid [B, S] bool): token i of row b sits at past_lens[b] + i."""
+    past = op.Unsqueeze(op.Cast(past_lens, to=I64), ints(op, 1))
+    steps = op.Range(const(op, 0, np.int64), scalar(op, new_tokens), const(op, 1, np.int64))
+    pos = op.Add(past, steps)
+    total = op.Add(past, new_tokens) if total_lens is None else op.Unsqueeze(op.Cast(total_lens, to=I64), ints(op, 1))
+    return pos, op.Less(pos, total)
+
+
+def select_max(op, a, b) -> ir.Value:
+    """`a > b ? a : b`, the kernels' max (also for NaN and signed zeros)."""
+    return op.Where(op.Greater(a, b), a, b)
+
+
+def lane_sum(op, terms, rank: int) -> ir.Value:
+    """Sum float32 `terms` of the given rank over the last axis in the kernels' 16-lane order.
+
+    ```
+    terms [.., D] -Pad-> [.., R*16] -Reshape-> [.., R, 16] -CumSum(R)-> last row [.., 16]
+          -> fold halves 8, 4, 2, 1 with Add -> [..]
+    ```
+    CumSum adds row r to the running sum of rows < r, the same sequence as each kernel lane.
+    """
+    D = dim(op, terms, -1)
+    lanes = ints(op, LANES)
+    padding = op.Sub(op.Mul(op.Div(op.Add(D, ints(op, LANES - 1)), lanes), lanes), D)
+    padded = op.Pad(terms, op.Concat(ints(op, *[0] * (2 * rank - 1)), padding, axis=0))
+    rows = op.Reshape(padded, op.Concat(op.Shape(terms, end=-1), ints(op, -1, LANES), axis=0))
+    running = op.CumSum(rows, const(op, -2, np.int64))
+    acc = op.Squeeze(take(op, running, -2, -1, np.iinfo(np.int64).max), ints(op, -2))
+    width = LANES // 2
+    while width >= 1:
+        acc = op.Add(take(op, acc, -1, 0, width), take(op, acc, -1, width, 2 * width))
+        width //= 2
+    return op.Squeeze(acc, ints(op, -1))

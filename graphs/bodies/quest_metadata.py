@@ -1,0 +1,42 @@
+"""Standard-op function body of QuestMetadata.
+
+```
+key --Cast(TC)--Cast(f32)--Where(valid, x, -inf/+inf)--------------.
+block_max --Cast(f32)--Where(block starts in this call, -inf, .)--ScatterElements(axis=2, max)--Cast(TC)
+block_min --Cast(f32)--Where(block starts in this call, +inf, .)--ScatterElements(axis=2, min)--Cast(TC)
+```
+A block whose first token arrives in this call restarts from -inf/+inf, so scattering its keys
+with max/min sets it; invalid tokens carry the neutral value and change nothing. NaN keys may
+merge differently from the kernels (whose max is `a > b ? a : b`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._building import F32, I64, const, dim, ints, positions
+
+
+def quest_metadata_body(op, key, block_max, block_min, past_lens, total_lens=None, *, block_size: int):
+    pos, valid = positions(op, past_lens, total_lens, dim(op, key, 2))
+    M = dim(op, block_max, 2)
+    # Keys are rounded to the metadata dtype first, as the kernels and the reference do.
+    stored = op.Cast(op.CastLike(key, block_max), to=F32)
+    valid_bnsd = op.Unsqueeze(valid, ints(op, 1, 3))
+    inf = const(op, np.inf, np.float32)
+    keys_for_max = op.Where(valid_bnsd, stored, op.Neg(inf))
+    keys_for_min = op.Where(valid_bnsd, stored, inf)
+    # Target block of every token (invalid ones point at block 0 with a neutral value).
+    block = op.Where(valid, op.Div(pos, const(op, block_size, np.int64)), const(op, 0, np.int64))
+    target = op.Expand(op.Unsqueeze(block, ints(op, 1, 3)), op.Shape(key))
+    # Blocks whose first position is a valid new token restart.
+    starts = op.Mul(op.Range(const(op, 0, np.int64), op.Squeeze(M, ints(op, 0)), const(op, 1, np.int64)),
+                    const(op, block_size, np.int64))
+    past = op.Unsqueeze(op.Cast(past_lens, to=I64), ints(op, 1))
+    total = op.Add(past, dim(op, key, 2)) if total_lens is None else op.Unsqueeze(op.Cast(total_lens, to=I64), ints(op, 1))
+    restart = op.Unsqueeze(op.And(op.GreaterOrEqual(starts, past), op.Less(starts, total)), ints(op, 1, 3))
+    base_max = op.Where(restart, op.Neg(inf), op.Cast(block_max, to=F32))
+    base_min = op.Where(restart, inf, op.Cast(block_min, to=F32))
+    new_max = op.ScatterElements(base_max, target, keys_for_max, axis=2, reduction="max")
+    new_min = op.ScatterElements(base_min, target, keys_for_min, axis=2, reduction="min")
+    return op.CastLike(new_max, block_max), op.CastLike(new_min, block_min)

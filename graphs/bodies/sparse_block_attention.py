@@ -1,0 +1,102 @@
+"""Standard-op function body of SparseBlockAttention (a portable fallback: it materialises the
+[B, N, G, S, C] logits, so it suits short contexts and graph-mode providers, not long prefill).
+
+```
+key/value -Cast(TC)-ScatterElements(axis=2) into [cache ; dummy row C]-Slice(:C)-> cache_out
+query -Cast(f32)-Reshape[B,N,G,S,D]-MatMul(K^T)*scale-(softcap)-Where(mask, ., -inf)-softmax
+   mask = causal (t <= p, valid query) AND block(t) in block_indices[b, n, s]
+probabilities -MatMul(V)-Transpose-Reshape[B,S,H*D]-Cast(T)-> output
+probabilities -ReduceSum(G, S)-Pad(M*P)-Reshape[B,N,M,P]-ReduceSum-> block_importance
+```
+Invalid tokens write into the dummy row C, which is sliced away; queries with nothing to attend
+output zeros.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from ._building import F32, I64, const, dim, ints, positions
+
+
+def _write_cache(op, cache, new_tokens, write_at):
+    """cache with new_tokens [B,N,S,D] at rows write_at [B,N,S,D] (row C: the dummy sink)."""
+    dummy = op.ConstantOfShape(op.Concat(op.Shape(cache, end=2), ints(op, 1), dim(op, cache, 3), axis=0),
+                               value=ir.tensor(np.zeros(1, np.float32)))
+    extended = op.Concat(cache, op.CastLike(dummy, cache), axis=2)
+    written = op.ScatterElements(extended, write_at, op.CastLike(new_tokens, cache), axis=2)
+    return op.Slice(written, ints(op, 0), dim(op, cache, 2), ints(op, 2))
+
+
+def sparse_block_attention_body(
+    op,
+    query,
+    key,
+    value,
+    key_cache,
+    value_cache,
+    past_lens,
+    block_indices=None,
+    total_lens=None,
+    *,
+    num_heads: int,
+    kv_num_heads: int,
+    block_size: int,
+    scale: float = 0.0,
+    softcap: float = 0.0,
+    with_importance: bool = False,
+):
+    G = num_heads // kv_num_heads
+    C = dim(op, key_cache, 2)
+    S = dim(op, query, 2)
+    pos, valid = positions(op, past_lens, total_lens, S)
+    write_row = op.Where(valid, pos, op.Reshape(C, ints(op, 1, 1)))  # [B, S]
+    write_at = op.Expand(op.Unsqueeze(write_row, ints(op, 1, 3)), op.Shape(key))
+    key_cache_out = _write_cache(op, key_cache, key, write_at)
+    value_cache_out = _write_cache(op, value_cache, value, write_at)
+
+    shape_q = op.Concat(dim(op, query, 0), ints(op, kv_num_heads, G), op.Shape(query, start=2), axis=0)
+    q = op.Reshape(op.Cast(query, to=F32), shape_q)  # [B, N, G, S, D]
+    k = op.Unsqueeze(op.Cast(key_cache_out, to=F32), ints(op, 2))  # [B, N, 1, C, D]
+    v = op.Unsqueeze(op.Cast(value_cache_out, to=F32), ints(op, 2))
+    if scale == 0.0:
+        scale_value = op.Div(const(op, 1.0, np.float32), op.Sqrt(op.Cast(dim(op, query, 3), to=F32)))
+    else:
+        scale_value = const(op, [scale], np.float32)
+    logits = op.Mul(op.MatMul(q, op.Transpose(k, perm=[0, 1, 2, 4, 3])), scale_value)  # [B, N, G, S, C]
+    if softcap > 0.0:
+        cap = const(op, softcap, np.float32)
+        logits = op.Mul(cap, op.Tanh(op.Div(logits, cap)))
+
+    cache_rows = op.Range(const(op, 0, np.int64), op.Squeeze(C, ints(op, 0)), const(op, 1, np.int64))  # [C]
+    pos_bs1 = op.Unsqueeze(pos, ints(op, 2))  # [B, S, 1]
+    mask = op.And(op.LessOrEqual(cache_rows, pos_bs1), op.Unsqueeze(valid, ints(op, 2)))  # [B, S, C]
+    mask = op.Unsqueeze(mask, ints(op, 1))  # [B, 1, S, C]
+    num_blocks = op.Div(op.Add(C, ints(op, block_size - 1)), ints(op, block_size))
+    block_ids = op.Range(const(op, 0, np.int64), op.Squeeze(num_blocks, ints(op, 0)), const(op, 1, np.int64))
+    if block_indices is not None:
+        hits = op.Equal(op.Unsqueeze(op.Cast(block_indices, to=I64), ints(op, 4)), block_ids)  # [B,N,S,K,M]
+        chosen = op.Cast(op.ReduceMax(op.Cast(hits, to=ir.DataType.INT32), ints(op, 3), keepdims=0), to=ir.DataType.BOOL)
+        row_block = op.Div(cache_rows, const(op, block_size, np.int64))
+        mask = op.And(mask, op.Gather(chosen, row_block, axis=3))  # [B, N, S, C]
+    mask = op.Unsqueeze(mask, ints(op, 2))  # [B, N or 1, 1, S, C]
+
+    neg_inf = const(op, -np.inf, np.float32)
+    masked = op.Where(mask, logits, neg_inf)
+    row_max = op.ReduceMax(masked, ints(op, -1), keepdims=1)
+    row_max = op.Where(op.IsInf(row_max, detect_positive=0), const(op, 0.0, np.float32), row_max)
+    weights = op.Where(mask, op.Exp(op.Sub(masked, row_max)), const(op, 0.0, np.float32))
+    total = op.ReduceSum(weights, ints(op, -1), keepdims=1)
+    probabilities = op.Div(weights, op.Where(op.Greater(total, const(op, 0.0, np.float32)), total, const(op, 1.0, np.float32)))
+    attended = op.MatMul(probabilities, v)  # [B, N, G, S, D]
+    merged = op.Reshape(op.Transpose(attended, perm=[0, 3, 1, 2, 4]), op.Concat(op.Shape(query, end=1), S, ints(op, -1), axis=0))
+    output = op.CastLike(merged, query)
+    outputs = [output, key_cache_out, value_cache_out]
+    if with_importance:
+        per_row = op.ReduceSum(probabilities, ints(op, 2, 3), keepdims=0)  # [B, N, C]
+        padding = op.Sub(op.Mul(num_blocks, ints(op, block_size)), C)
+        padded = op.Pad(per_row, op.Concat(ints(op, 0, 0, 0, 0, 0), padding, axis=0))
+        blocks = op.Reshape(padded, op.Concat(op.Shape(per_row, end=2), num_blocks, ints(op, block_size), axis=0))
+        outputs.append(op.ReduceSum(blocks, ints(op, -1), keepdims=0))
+    return tuple(outputs)

@@ -1,0 +1,116 @@
+"""Standard-op function body of SparseBlockSelect, bit-exact with the kernels.
+
+```
+query -Cast(f32)-Reshape[B,N,G,S,D] -(mean: CumSum over G, last, /G)-.
+block_max, block_min -Cast(f32)------------------------------------ Where(a>b,a,b) -lane_sum-> per-head
+   bounds [B,N,G',S,M] -(max: Where(s_g>s, s_g, s) over g)-> scores [B,N,S,M]
+positions -> eligible, forced (recent newest first, then sinks) -rank<K-> kept forced
+importance (optional) -rank among the rest < floor(f * remaining)-> importance picks
+scores -rank among the rest < quota-> score picks
+chosen mask -TopK(M - m)-> ascending block ids, -1 where unchosen, padded to K
+```
+Ranks come from one TopK over float64 keys: a candidate's value (NaN below -inf, both above
+any non-candidate), ties to the lower index as ONNX TopK specifies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from ._building import F32, F64, I64, const, dim, ints, lane_sum, positions, select_max, take
+
+
+def _rank(op, values_f32, candidates, M):
+    """Rank [B,N,S,M] int64 of every block: candidates first by value (desc, NaN last), ties lower index.
+
+    `values_f32` broadcasts against `candidates` [B, N, S, M].
+    """
+    as_double = op.Cast(values_f32, to=F64)
+    is_nan = op.IsNaN(values_f32)
+    is_neg_inf = op.IsInf(values_f32, detect_positive=0)
+    key = op.Where(is_neg_inf, const(op, -1e299, np.float64), as_double)
+    key = op.Where(is_nan, const(op, -1e300, np.float64), key)
+    key = op.Where(candidates, key, const(op, -np.inf, np.float64))
+    _, order = op.TopK(key, M, axis=-1, largest=1, sorted=1, _outputs=2)  # block ids, best first
+    steps = op.Expand(op.Range(const(op, 0, np.int64), op.Squeeze(M, ints(op, 0)), const(op, 1, np.int64)), op.Shape(order))
+    zeros = op.ConstantOfShape(op.Shape(order), value=ir.tensor(np.zeros(1, np.int64)))
+    return op.ScatterElements(zeros, order, steps, axis=-1)  # rank[order[j]] = j
+
+
+def _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce):
+    G = num_heads // kv_num_heads
+    shape_q = op.Concat(dim(op, query, 0), ints(op, kv_num_heads, G), op.Shape(query, start=2), axis=0)
+    q = op.Reshape(op.Cast(query, to=F32), shape_q)  # [B, N, G, S, D]
+    if group_reduce == "mean":
+        summed = take(op, op.CumSum(q, const(op, 2, np.int64)), 2, G - 1, G)
+        q = op.Div(summed, const(op, G, np.float32))  # [B, N, 1, S, D]
+    q = op.Unsqueeze(q, ints(op, 4))  # [B, N, G', S, 1, D]
+    kmax = op.Unsqueeze(op.Cast(block_max, to=F32), ints(op, 2, 3))  # [B, N, 1, 1, M, D]
+    kmin = op.Unsqueeze(op.Cast(block_min, to=F32), ints(op, 2, 3))
+    per_head = lane_sum(op, select_max(op, op.Mul(q, kmax), op.Mul(q, kmin)), rank=6)  # [B, N, G', S, M]
+    heads = 1 if group_reduce == "mean" else G
+    scores = take(op, per_head, 2, 0, 1)
+    for g in range(1, heads):
+        scores = select_max(op, take(op, per_head, 2, g, g + 1), scores)
+    return op.Squeeze(scores, ints(op, 2))  # [B, N, S, M]
+
+
+def sparse_block_select_body(
+    op,
+    query,
+    block_max,
+    block_min,
+    past_lens,
+    total_lens=None,
+    block_importance=None,
+    *,
+    num_heads: int,
+    kv_num_heads: int,
+    block_size: int,
+    top_k: int,
+    sink_blocks: int = 1,
+    recent_blocks: int = 1,
+    group_reduce: str = "mean",
+    importance_fraction: float = 0.0,
+):
+    M = dim(op, block_max, 2)
+    pos, valid = positions(op, past_lens, total_lens, dim(op, query, 2))
+    current = op.Unsqueeze(op.Div(pos, const(op, block_size, np.int64)), ints(op, 1, 3))  # [B, 1, S, 1]
+    blocks = op.Range(const(op, 0, np.int64), op.Squeeze(M, ints(op, 0)), const(op, 1, np.int64))  # [M]
+    eligible = op.And(op.LessOrEqual(blocks, current), op.Unsqueeze(valid, ints(op, 1, 3)))  # [B, 1, S, M]
+    eligible = op.Expand(eligible, op.Concat(dim(op, block_max, 0), ints(op, kv_num_heads), dim(op, query, 2), M, axis=0))
+    K = const(op, top_k, np.int64)
+
+    # Forced blocks ranked by priority: recent (newest first) above sinks (ascending).
+    recent = op.Greater(blocks, op.Sub(current, const(op, recent_blocks, np.int64)))
+    sink = op.Less(blocks, const(op, sink_blocks, np.int64))
+    blocks_f = op.Cast(blocks, to=F32)
+    priority = op.Where(recent, op.Add(blocks_f, op.Cast(op.Mul(M, ints(op, 2)), to=F32)),
+                        op.Sub(op.Cast(M, to=F32), blocks_f))
+    forced = op.And(eligible, op.Or(recent, sink))
+    chosen = op.And(forced, op.Less(_rank(op, priority, forced, M), K))
+    chosen_count = op.ReduceSum(op.Cast(chosen, to=I64), ints(op, -1), keepdims=1)
+    remaining = op.Sub(K, chosen_count)  # [B, N, S, 1]
+
+    if block_importance is not None and importance_fraction > 0.0:
+        fraction = float(np.float32(importance_fraction))  # the kernels read the attribute as float32
+        quota = op.Cast(op.Floor(op.Mul(op.Cast(remaining, to=F64), const(op, fraction, np.float64))), to=I64)
+        candidates = op.And(eligible, op.Not(chosen))
+        importance = op.Unsqueeze(block_importance, ints(op, 2))  # [B, N, 1, M]
+        picked = op.And(candidates, op.Less(_rank(op, importance, candidates, M), quota))
+        chosen = op.Or(chosen, picked)
+        remaining = op.Sub(remaining, quota)
+
+    scores = _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce)
+    candidates = op.And(eligible, op.Not(chosen))
+    chosen = op.Or(chosen, op.And(candidates, op.Less(_rank(op, scores, candidates, M), remaining)))
+
+    # Chosen blocks in ascending order: the largest M - m first; unchosen ones become -1.
+    order_key = op.Where(chosen, op.Sub(M, blocks), const(op, 0, np.int64))
+    width = op.Min(M, op.Reshape(K, ints(op, 1)))
+    key_values, block_ids = op.TopK(order_key, width, axis=-1, largest=1, sorted=1, _outputs=2)
+    ids = op.Where(op.Greater(key_values, const(op, 0, np.int64)), block_ids, const(op, -1, np.int64))
+    pad_right = op.Max(op.Sub(op.Reshape(K, ints(op, 1)), M), ints(op, 0))
+    ids = op.Pad(ids, op.Concat(ints(op, 0, 0, 0, 0, 0, 0, 0), pad_right, axis=0), const(op, -1, np.int64))
+    return op.Cast(ids, to=ir.DataType.INT32)

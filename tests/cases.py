@@ -1,0 +1,253 @@
+"""Conformance cases: shapes chosen to break kernels, sampled so every value of every axis is covered.
+
+A case fixes one decode or prefill call; `op_inputs` builds the arguments of each op for it, from
+one consistent cache state (metadata computed from the cached keys by the reference), so a case
+exercises the three ops the way a model's layer chains them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from quest_ort.ops.reference import quest_metadata, sparse_block_select
+
+HEAD_LAYOUTS = ((4, 4), (8, 2), (14, 2), (32, 8))
+HEAD_DIMS = (64, 80, 128)
+BLOCK_SIZES = (16, 32, 128)
+CACHED = ("0", "1", "P-1", "P", "P+1", "2P-1", "~1000")
+NEW_TOKENS = (1, 7, 64)
+TOP_K = ("1", "2", "8", "32", "more than eligible")
+FORCED = (0, 1, 2)
+REDUCES = ("mean", "max")
+DTYPES = (("float32", "float32"), ("float16", "float16"), ("float32", "float16"), ("float16", "float32"))
+BATCHES = (1, 3)
+
+AXES = {
+    "batch": BATCHES,
+    "heads": HEAD_LAYOUTS,
+    "head_dim": HEAD_DIMS,
+    "block_size": BLOCK_SIZES,
+    "cached": CACHED,
+    "new_tokens": NEW_TOKENS,
+    "top_k": TOP_K,
+    "sink": FORCED,
+    "recent": FORCED,
+    "reduce": REDUCES,
+    "importance": (False, False, True),  # repeated values weight the random draw
+    "equal_scores": (False, False, False, True),
+    "dtypes": DTYPES,
+}
+
+# Keep each case's largest function-body tensor near this many elements (about 100 MB fp32).
+BODY_BUDGET = 2.5e7
+EXTRA_CASES = 12  # random combinations beyond the covering set, for mixing
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    batch: int
+    heads: tuple[int, int]
+    head_dim: int
+    block_size: int
+    cached: str
+    new_tokens: int
+    top_k: str
+    sink: int
+    recent: int
+    reduce: str
+    importance: bool
+    equal_scores: bool
+    dtypes: tuple[str, str]
+
+    @property
+    def id(self) -> str:
+        H, N = self.heads
+        return (
+            f"B{self.batch}-H{H}N{N}-D{self.head_dim}-P{self.block_size}-L{self.cached.replace('~', '')}"
+            f"-S{self.new_tokens}-K{self.top_k.split()[0]}-s{self.sink}r{self.recent}-{self.reduce}"
+            f"{'-imp' if self.importance else ''}{'-eq' if self.equal_scores else ''}-{self.dtypes[0][5:]}{self.dtypes[1][5:]}"
+        )
+
+    def past_lens(self) -> np.ndarray:
+        """Row 0 holds the case's cached length; other rows hold other listed lengths."""
+        P = self.block_size
+        lengths = {"0": 0, "1": 1, "P-1": P - 1, "P": P, "P+1": P + 1, "2P-1": 2 * P - 1, "~1000": 1000 + 7}
+        first = CACHED.index(self.cached)
+        rows = [lengths[CACHED[(first + 3 * b) % len(CACHED)]] for b in range(self.batch)]
+        return np.array(rows, dtype=np.int32)
+
+    def total_lens(self) -> np.ndarray | None:
+        """With several rows, the last is padded: only half its new tokens (rounded down) are valid."""
+        if self.batch == 1:
+            return None
+        total = self.past_lens() + self.new_tokens
+        total[-1] -= (self.new_tokens + 1) // 2
+        return total.astype(np.int32)
+
+    def capacity(self) -> int:
+        """Room for the longest row plus a partial block, so the last block is not full."""
+        return int(self.past_lens().max()) + self.new_tokens + self.block_size // 2 + 3
+
+    def num_blocks(self) -> int:
+        return -(-self.capacity() // self.block_size)
+
+    def k(self) -> int:
+        if self.top_k == "more than eligible":
+            return self.num_blocks() + 3
+        return int(self.top_k)
+
+    def ranks_blocks(self) -> bool:
+        """True when some query has more eligible blocks than its forced blocks and budget cover,
+        so the ranking (scores, importance, ties) decides part of the selection."""
+        last_block = (int(self.past_lens().max()) + self.new_tokens - 1) // self.block_size
+        return last_block + 1 > self.k() and self.k() > self.sink + self.recent
+
+    def body_cost(self) -> float:
+        H, N = self.heads
+        heads = H if self.reduce == "max" else N
+        select = self.batch * heads * self.new_tokens * self.num_blocks() * self.head_dim
+        attention = self.batch * H * self.new_tokens * self.capacity()
+        return max(select, attention)
+
+
+def _covering_cases(seed: int = 7) -> list[Case]:
+    """Random combinations, kept while they add an uncovered (axis, value) and fit the budget.
+
+    Cases whose ranking decides part of the selection are preferred; the others are taken only for
+    values that cannot rank (a budget above the eligible blocks) once the draws run long.
+    """
+    rng = np.random.default_rng(seed)
+    uncovered = {(axis, value) for axis, values in AXES.items() for value in values}
+    cases: list[Case] = []
+    extra = 0
+    for attempt in range(200000):
+        if not uncovered and extra >= EXTRA_CASES:
+            break
+        choice = {axis: values[rng.integers(len(values))] for axis, values in AXES.items()}
+        case = Case(**choice)
+        if case.body_cost() > BODY_BUDGET:
+            continue
+        ranking = case.ranks_blocks()
+        if (case.equal_scores or case.importance) and not ranking:
+            continue  # ties and importance only matter when the ranking picks blocks
+        gained = set(choice.items()) & uncovered
+        if gained and (ranking or attempt > 50000):
+            uncovered -= gained
+            cases.append(case)
+        elif not uncovered and ranking:
+            cases.append(case)
+            extra += 1
+    assert not uncovered, f"axis values never covered within budget: {sorted(uncovered)}"
+    return cases
+
+
+CASES = _covering_cases()
+
+
+def _normal(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+@dataclasses.dataclass
+class CaseData:
+    """Arrays of one case: the cache state before the call and the call's new tokens."""
+
+    case: Case
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    key_cache: np.ndarray
+    value_cache: np.ndarray
+    block_max: np.ndarray  # metadata before the call (cached keys only; other blocks garbage)
+    block_min: np.ndarray
+    past_lens: np.ndarray
+    total_lens: np.ndarray | None
+    block_importance: np.ndarray | None
+
+
+def make_data(case: Case, seed: int = 0) -> CaseData:
+    rng = np.random.default_rng(seed)
+    H, N = case.heads
+    B, S, D, C, M = case.batch, case.new_tokens, case.head_dim, case.capacity(), case.num_blocks()
+    act, cache = np.dtype(case.dtypes[0]), np.dtype(case.dtypes[1])
+    past = case.past_lens()
+    key_cache = _normal(rng, (B, N, C, D), cache)
+    value_cache = _normal(rng, (B, N, C, D), cache)
+    key = _normal(rng, (B, N, S, D), act)
+    if case.equal_scores:  # every key the same vector: every block bound ties
+        row = _normal(rng, (D,), np.float32)
+        key_cache[:] = row.astype(cache)
+        key[:] = row.astype(act)
+    # Metadata of the cached keys, built by the reference as a prefill would; unused blocks garbage.
+    garbage = _normal(rng, (B, N, M, D), cache)
+    cached = key_cache[:, :, : max(int(past.max()), 1)]
+    block_max, block_min = quest_metadata(
+        cached, garbage, garbage.copy(), np.zeros(B, np.int32), past, block_size=case.block_size
+    )
+    importance = None
+    if case.importance:
+        importance = np.round(rng.random((B, N, M)), 1).astype(np.float32)  # ties on purpose
+        importance[0, 0, min(1, M - 1)] = np.nan  # NaN ranks lowest
+    return CaseData(
+        case=case,
+        query=_normal(rng, (B, H, S, D), act),
+        key=key,
+        value=_normal(rng, (B, N, S, D), act),
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_max=block_max,
+        block_min=block_min,
+        past_lens=past,
+        total_lens=case.total_lens(),
+        block_importance=importance,
+    )
+
+
+def metadata_args(data: CaseData) -> tuple[dict, dict]:
+    inputs = dict(key=data.key, block_max=data.block_max, block_min=data.block_min,
+                  past_lens=data.past_lens, total_lens=data.total_lens)
+    return inputs, dict(block_size=data.case.block_size)
+
+
+def select_attributes(case: Case) -> dict:
+    H, N = case.heads
+    return dict(num_heads=H, kv_num_heads=N, block_size=case.block_size, top_k=case.k(),
+                sink_blocks=case.sink, recent_blocks=case.recent, group_reduce=case.reduce,
+                importance_fraction=0.5 if case.importance else 0.0)
+
+
+def select_args(data: CaseData) -> tuple[dict, dict]:
+    """Select runs on the metadata after this call's update, as in a layer."""
+    inputs, attributes = metadata_args(data)
+    block_max, block_min = quest_metadata(**inputs, **attributes)
+    return (
+        dict(query=data.query, block_max=block_max, block_min=block_min, past_lens=data.past_lens,
+             total_lens=data.total_lens, block_importance=data.block_importance),
+        select_attributes(data.case),
+    )
+
+
+def attention_args(data: CaseData, sparse: bool = True) -> tuple[dict, dict]:
+    """Attention over the reference selection (sparse) or dense causal."""
+    indices = None
+    if sparse:
+        inputs, attributes = select_args(data)
+        indices = sparse_block_select(**inputs, **attributes)
+    H, N = data.case.heads
+    return (
+        dict(query=data.query, key=data.key, value=data.value, key_cache=data.key_cache,
+             value_cache=data.value_cache, past_lens=data.past_lens, block_indices=indices,
+             total_lens=data.total_lens),
+        dict(num_heads=H, kv_num_heads=N, block_size=data.case.block_size),
+    )
+
+
+# Which ops each conformance case drives; the schema coverage test requires every op here.
+OP_ARGUMENTS = {
+    "QuestMetadata": metadata_args,
+    "SparseBlockSelect": select_args,
+    "SparseBlockAttention": attention_args,
+}
+
