@@ -26,7 +26,7 @@ test-slow: install
 	$(PYTEST) -q -m slow tests
 
 demo: install
-	$(PY) -m quest_ort.runtime.demo
+	$(VENV)/bin/quest-ort-demo
 
 clean:
 	rm -rf build $(VENV)

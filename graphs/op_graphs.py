@@ -13,12 +13,8 @@ from ..ops.schemas import DOMAIN, OPS_BY_NAME, VERSION
 OPSET = 18  # the standard opset of our graphs and function bodies (optimum exports at 18)
 IR_VERSION = 9
 
-_ELEM = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float16): onnx.TensorProto.FLOAT16,
-         np.dtype(np.int32): onnx.TensorProto.INT32, np.dtype(np.int64): onnx.TensorProto.INT64}
-
-
 def elem_type(dtype) -> int:
-    return _ELEM[np.dtype(dtype)]
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
 def op_model(
@@ -60,7 +56,7 @@ def op_model(
             continue
         node_outputs.append(tensor.name)
         dtype = type_vars.get(tensor.elem, np.dtype(tensor.elem) if tensor.elem in ("int32", "float32") else None)
-        graph_outputs.append(helper.make_tensor_value_info(tensor.name, elem_type(dtype), None))
+        graph_outputs.append(helper.make_tensor_value_info(tensor.name, elem_type(dtype), list(tensor.dims)))
     while node_outputs and node_outputs[-1] == "":
         node_outputs.pop()
     node = helper.make_node(op_name, node_inputs, node_outputs, domain=DOMAIN, name=op_name, **dict(attributes))

@@ -39,18 +39,34 @@ def _attribute_value(ctx, attr):
     return attr.default if proto is None else helper.get_attribute_value(proto)
 
 
+def _elem_name(elem: int) -> str:
+    return onnx.helper.tensor_dtype_to_np_dtype(elem).name
+
+
 def _infer(spec: OpSpec, ctx) -> None:
     dims: dict[str, int | str | None] = {}
     for symbol, attr_name in spec.symbol_attrs.items():
         dims[symbol] = _attribute_value(ctx, spec.attribute(attr_name))
     elem_types: dict[str, int] = {"int32": onnx.TensorProto.INT32, "float32": onnx.TensorProto.FLOAT}
+    type_origin: dict[str, str] = {}
     for index, tensor in enumerate(spec.inputs):
         if index >= ctx.get_num_inputs() or not ctx.has_input(index):
             continue
         type_proto = ctx.get_input_type(index)
         if type_proto is None or not type_proto.HasField("tensor_type"):
             continue
-        elem_types.setdefault(tensor.elem, type_proto.tensor_type.elem_type)
+        elem = type_proto.tensor_type.elem_type
+        if tensor.elem in TYPE_VARS and _elem_name(elem) not in TYPE_VARS[tensor.elem]:
+            raise onnx.shape_inference.InferenceError(
+                f"{spec.name}: input '{tensor.name}' has element type {_elem_name(elem)}; "
+                f"expected one of {', '.join(TYPE_VARS[tensor.elem])}"
+            )
+        if tensor.elem in TYPE_VARS and elem_types.setdefault(tensor.elem, elem) != elem:
+            raise onnx.shape_inference.InferenceError(
+                f"{spec.name}: input '{tensor.name}' has element type {_elem_name(elem)}, but input "
+                f"'{type_origin[tensor.elem]}' has {_elem_name(elem_types[tensor.elem])} (both are type {tensor.elem})"
+            )
+        type_origin.setdefault(tensor.elem, tensor.name)
         if not type_proto.tensor_type.HasField("shape"):
             continue
         shape = type_proto.tensor_type.shape.dim
@@ -94,6 +110,16 @@ def _schema(spec: OpSpec) -> defs.OpSchema:
     )
     schema.set_type_and_shape_inference_function(functools.partial(_infer, spec))
     return schema
+
+
+def check_model(model: onnx.ModelProto) -> None:
+    """onnx.checker's full check (strict type and shape inference) with the Quest schemas known.
+
+    Raises onnx.checker.ValidationError or onnx.shape_inference.InferenceError naming the input at
+    fault; models over 2 GB must be checked by path with onnx.checker directly.
+    """
+    register_schemas()
+    onnx.checker.check_model(model, full_check=True)
 
 
 @functools.cache

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import onnx
 import onnxruntime as ort
 
 from ..ops import get_library_path
+from ..ops.registry import check_model
 
 
 def session_options(*, threads: int | None = None, register_library: bool = True) -> ort.SessionOptions:
@@ -18,11 +20,26 @@ def session_options(*, threads: int | None = None, register_library: bool = True
 
 
 def make_session(model, *, threads: int | None = None, register_library: bool = True, providers=None) -> ort.InferenceSession:
-    """An InferenceSession for a ModelProto, serialized model or path."""
-    if hasattr(model, "SerializeToString"):
-        model = model.SerializeToString()
-    return ort.InferenceSession(
-        model,
-        session_options(threads=threads, register_library=register_library),
-        providers=providers or ["CPUExecutionProvider"],
-    )
+    """An InferenceSession for a ModelProto, serialized model or path.
+
+    When ONNX Runtime rejects a ModelProto, the Quest checker runs on it to name the input at fault
+    (ORT alone reports, e.g., only that no kernel matches a node's input types).
+    """
+    serialized = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    try:
+        return ort.InferenceSession(
+            serialized,
+            session_options(threads=threads, register_library=register_library),
+            providers=providers or ["CPUExecutionProvider"],
+        )
+    except Exception as ort_error:
+        if isinstance(model, onnx.ModelProto):
+            try:
+                check_model(model)
+            except Exception as diagnosis:
+                raise QuestModelError(f"{diagnosis}\n(ONNX Runtime: {ort_error})") from ort_error
+        raise
+
+
+class QuestModelError(ValueError):
+    """A model ONNX Runtime refused, with the Quest checker's diagnosis of the input at fault."""

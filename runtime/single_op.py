@@ -18,9 +18,14 @@ def run_op(
     outputs: tuple[str, ...] | None = None,
     native: bool = True,
     threads: int | None = 1,
+    symbolic_dims: bool = True,
 ) -> dict[str, np.ndarray]:
-    """Outputs of one `op_name` node by name: the native kernel, or the function body when not native."""
-    model = op_model(op_name, inputs, attributes, outputs=outputs)
+    """Outputs of one `op_name` node by name: the native kernel, or the function body when not native.
+
+    With `symbolic_dims=False` the graph inputs take the arrays' own shapes, so a wrongly shaped
+    input reaches the op itself instead of being stopped by ONNX Runtime's input check.
+    """
+    model = op_model(op_name, inputs, attributes, outputs=outputs, symbolic_dims=symbolic_dims)
     if not native:
         from ..graphs.functions import expand_quest_ops
 

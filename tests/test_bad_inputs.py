@@ -1,0 +1,90 @@
+"""Bad inputs: each gives an error naming the input (or attribute) at fault, never a crash.
+
+Errors surface either when the session is created (types, attributes) or when it runs (shapes,
+lengths, indices); both are accepted, the message is what is checked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quest_ort.runtime.single_op import run_op
+
+H, N, D, P, C, S = 4, 2, 16, 4, 16, 2
+M = C // P
+
+
+def _valid(op_name):
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    past = np.array([5, 9], np.int32)
+    if op_name == "QuestMetadata":
+        inputs = dict(key=rng.standard_normal((2, N, S, D)).astype(f32), block_max=np.zeros((2, N, M, D), f32),
+                      block_min=np.zeros((2, N, M, D), f32), past_lens=past)
+        return inputs, dict(block_size=P), None
+    if op_name == "SparseBlockSelect":
+        inputs = dict(query=rng.standard_normal((2, H, S, D)).astype(f32), block_max=np.ones((2, N, M, D), f32),
+                      block_min=np.zeros((2, N, M, D), f32), past_lens=past)
+        return inputs, dict(num_heads=H, kv_num_heads=N, block_size=P, top_k=2), None
+    inputs = dict(query=rng.standard_normal((2, H, S, D)).astype(f32), key=np.ones((2, N, S, D), f32),
+                  value=np.ones((2, N, S, D), f32), key_cache=np.zeros((2, N, C, D), f32),
+                  value_cache=np.zeros((2, N, C, D), f32), past_lens=past,
+                  block_indices=np.array([0, 1, 2, -1] * (2 * N * S), np.int32).reshape(2, N, S, 4))
+    return inputs, dict(num_heads=H, kv_num_heads=N, block_size=P), None
+
+
+def _replace(inputs, **changes):
+    return {**inputs, **changes}
+
+
+BAD = [
+    # op, what, change inputs, change attributes, expected words in the message
+    ("QuestMetadata", "block_min M differs", lambda x: _replace(x, block_min=np.zeros((2, N, M + 1, D), np.float32)), {}, ["'block_min' dim 2", "M"]),
+    ("SparseBlockSelect", "block_max D differs", lambda x: _replace(x, block_max=np.ones((2, N, M, D + 1), np.float32)), {}, ["'block_max' dim 3", "D"]),
+    ("SparseBlockAttention", "value S differs", lambda x: _replace(x, value=np.ones((2, N, S + 1, D), np.float32)), {}, ["'value' dim 2", "S"]),
+    ("SparseBlockAttention", "key rank 3", lambda x: _replace(x, key=np.ones((2, N, D), np.float32)), {}, ["'key'", "rank 4"]),
+    ("SparseBlockAttention", "num_heads vs query", lambda x: x, {"num_heads": 8}, ["'query' dim 1", "'num_heads'"]),
+    ("SparseBlockSelect", "H % N != 0", lambda x: _replace(x, query=np.ones((2, 6, S, D), np.float32)), {"num_heads": 6, "kv_num_heads": 4}, ["'num_heads' = 6", "not a multiple"]),
+    ("SparseBlockAttention", "H % N != 0", lambda x: x, {"kv_num_heads": 3}, ["'num_heads' = 4", "not a multiple"]),
+    ("QuestMetadata", "past_lens < 0", lambda x: _replace(x, past_lens=np.array([5, -1], np.int32)), {}, ["'past_lens'[1]", "negative"]),
+    ("SparseBlockSelect", "past_lens < 0", lambda x: _replace(x, past_lens=np.array([-3, 0], np.int32)), {}, ["'past_lens'[0]", "negative"]),
+    ("SparseBlockAttention", "total < past", lambda x: _replace(x, total_lens=np.array([4, 10], np.int32)), {}, ["'total_lens'[0] = 4", "less than past_lens"]),
+    ("QuestMetadata", "total > past + S", lambda x: _replace(x, total_lens=np.array([5, 12], np.int32)), {}, ["'total_lens'[1] = 12", "exceeds"]),
+    ("SparseBlockAttention", "past + S > C", lambda x: _replace(x, past_lens=np.array([5, 15], np.int32)), {}, ["'past_lens'[1] + S = 17", "capacity C"]),
+    ("SparseBlockAttention", "total > C", lambda x: _replace(x, past_lens=np.array([5, 15], np.int32), total_lens=np.array([7, 17], np.int32)), {}, ["'total_lens'[1] = 17", "capacity C"]),
+    ("QuestMetadata", "past + S > M * P", lambda x: _replace(x, past_lens=np.array([15, 0], np.int32)), {}, ["'past_lens'[0] + S = 17", "M * block_size"]),
+    ("SparseBlockSelect", "past + S > M * P", lambda x: _replace(x, past_lens=np.array([0, 16], np.int32)), {}, ["'past_lens'[1] + S = 18", "M * block_size"]),
+    ("SparseBlockSelect", "K = 0", lambda x: x, {"top_k": 0}, ["'top_k'", ">= 1"]),
+    ("SparseBlockSelect", "K < 0", lambda x: x, {"top_k": -3}, ["'top_k'", ">= 1"]),
+    ("QuestMetadata", "P = 0", lambda x: x, {"block_size": 0}, ["'block_size'", ">= 1"]),
+    ("SparseBlockAttention", "P < 0", lambda x: x, {"block_size": -4}, ["'block_size'", ">= 1"]),
+    ("SparseBlockAttention", "index out of range", lambda x: _replace(x, block_indices=np.where(x["block_indices"] == 2, 4, x["block_indices"]).astype(np.int32)), {}, ["'block_indices'", "outside [-1, 4)"]),
+    ("SparseBlockAttention", "index below -1", lambda x: _replace(x, block_indices=np.where(x["block_indices"] == 2, -2, x["block_indices"]).astype(np.int32)), {}, ["'block_indices'", "-2"]),
+    ("SparseBlockAttention", "index repeated", lambda x: _replace(x, block_indices=np.where(x["block_indices"] == 2, 1, x["block_indices"]).astype(np.int32)), {}, ["'block_indices'", "repeats block 1"]),
+    ("SparseBlockAttention", "past_lens int64", lambda x: _replace(x, past_lens=x["past_lens"].astype(np.int64)), {}, ["past_lens"]),
+    ("SparseBlockSelect", "query float64", lambda x: _replace(x, query=x["query"].astype(np.float64)), {}, ["'query'", "float64"]),
+    ("SparseBlockAttention", "key float16, query float32", lambda x: _replace(x, key=x["key"].astype(np.float16)), {}, ["'key'", "float16", "'query'"]),
+    ("QuestMetadata", "block_min float16, block_max float32", lambda x: _replace(x, block_min=x["block_min"].astype(np.float16)), {}, ["'block_min'", "float16"]),
+    ("SparseBlockSelect", "importance float16", lambda x: _replace(x, block_importance=np.zeros((2, N, M), np.float16)), {}, ["block_importance"]),
+    ("SparseBlockSelect", "group_reduce unknown", lambda x: x, {"group_reduce": "median"}, ["'group_reduce'", "'mean', 'max'"]),
+    ("SparseBlockSelect", "importance_fraction > 1", lambda x: x, {"importance_fraction": 1.5}, ["'importance_fraction'", "<= 1"]),
+    ("SparseBlockSelect", "sink_blocks < 0", lambda x: x, {"sink_blocks": -1}, ["'sink_blocks'", ">= 0"]),
+    ("SparseBlockAttention", "scale < 0", lambda x: x, {"scale": -1.0}, ["'scale'", ">= 0"]),
+    ("QuestMetadata", "block_size given as float", lambda x: x, {"block_size": 4.0}, ["'block_size'", "int"]),
+    ("SparseBlockSelect", "top_k missing", lambda x: x, {"top_k": None}, ["'top_k'", "required"]),
+    ("SparseBlockAttention", "zero head dim", lambda x: _replace(x, query=np.ones((2, H, S, 0), np.float32), key=np.ones((2, N, S, 0), np.float32), value=np.ones((2, N, S, 0), np.float32), key_cache=np.ones((2, N, C, 0), np.float32), value_cache=np.ones((2, N, C, 0), np.float32)), {}, ["(D) must be positive"]),
+]
+
+
+@pytest.mark.parametrize("op_name, what, change_inputs, change_attributes, words", BAD, ids=[f"{b[0]}-{b[1]}" for b in BAD])
+def test_bad_input_is_reported_by_name(op_name, what, change_inputs, change_attributes, words):
+    inputs, attributes, _ = _valid(op_name)
+    run_op(op_name, inputs, attributes)  # the valid baseline runs
+    inputs = change_inputs(inputs)
+    attributes = {k: v for k, v in {**attributes, **change_attributes}.items() if v is not None}
+    with pytest.raises(Exception) as error:
+        run_op(op_name, inputs, attributes, symbolic_dims=False)
+    message = str(error.value)
+    for word in words:
+        assert word in message, f"{what}: {word!r} not in error message:\n{message}"
