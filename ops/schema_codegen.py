@@ -38,7 +38,7 @@ def _tensor_row(t) -> str:
     )
 
 
-def _attr_row(op_name: str, a) -> str:
+def _attr_row(a) -> str:
     default_int = a.default if a.kind == "int" and a.default is not None else 0
     default_float = a.default if a.kind == "float" and a.default is not None else 0.0
     default_str = _c_str(a.default) if a.kind == "string" and a.default is not None else "nullptr"
@@ -71,7 +71,7 @@ def _op_block(op) -> str:
             choices = ", ".join(_c_str(c) for c in a.choices)
             lines.append(f"inline constexpr const char* k{a.name}_choices[] = {{{choices}}};")
     lines.append("inline constexpr AttrSpec kAttributes[] = {")
-    lines += [_attr_row(op.name, a) for a in op.attributes]
+    lines += [_attr_row(a) for a in op.attributes]
     lines.append("};")
     lines.append("inline constexpr SymbolAttr kSymbolAttrs[] = {")
     lines += [f"    {{{_c_str(s)}, {_c_str(a)}}}," for s, a in op.symbol_attrs.items()]

@@ -39,9 +39,12 @@ def test_quest_metadata(case, native):
     # Blocks that hold no valid token are unspecified: compare the blocks that do.
     total = inputs["total_lens"] if inputs["total_lens"] is not None else inputs["past_lens"] + case.new_tokens
     used = np.arange(case.num_blocks())[None, :] * case.block_size < total[:, None]  # [B, M]
+
+    def used_blocks(x):  # [B, N, M, D] -> [used blocks, N, D]
+        return np.moveaxis(x, 2, 1)[used]
+
     for name, expected in (("block_max_out", expected_max), ("block_min_out", expected_min)):
-        by_block = lambda x: np.moveaxis(x, 2, 1)[used]  # [used blocks, N, D]
-        assert_equal(by_block(got[name]), by_block(expected), name, axes="(used block, n) x D")
+        assert_equal(used_blocks(got[name]), used_blocks(expected), name, axes="(used block, n) x D")
 
 
 @EACH_CASE

@@ -225,7 +225,9 @@ std::vector<int32_t> resolve_total_lens(const BoundInputs& in, int past_index, i
   const int32_t* given = in[total_index].present() ? in[total_index].as<int32_t>() : nullptr;
   std::vector<int32_t> total(B);
   for (int64_t b = 0; b < B; ++b) {
-    const std::string row = "[" + std::to_string(b) + "]";
+    std::string row = "[";  // built stepwise: GCC 12 warns falsely (-Wrestrict) on "[" + std::string
+    row += std::to_string(b);
+    row += "]";
     if (past[b] < 0) in.fail("input 'past_lens'" + row + " = " + std::to_string(past[b]) + " is negative");
     const int64_t value = given ? given[b] : static_cast<int64_t>(past[b]) + new_tokens;
     if (given && value < past[b])
