@@ -6,7 +6,10 @@ PIP    := $(VENV)/bin/pip
 DEPS   := $(VENV)/.deps-installed
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: install test test-slow demo clean
+.PHONY: install drivers test test-slow demo clean
+
+CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
+CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
 
 $(DEPS): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +22,19 @@ $(DEPS): pyproject.toml
 install: $(DEPS)
 	$(PIP) install -q --no-deps --no-build-isolation .
 
-test: install
+# Debian's AArch64 cross compiler and user-mode qemu, to build and run the NEON kernels here.
+$(CROSS_TOOLS):
+	apt-get install -y -q g++-aarch64-linux-gnu qemu-user >/dev/null || \
+	  (apt-get update -q >/dev/null && apt-get install -y -q g++-aarch64-linux-gnu qemu-user >/dev/null)
+
+# The kernel-level test drivers: every variant of this CPU natively, NEON under qemu-aarch64.
+drivers: $(DEPS) $(CROSS_TOOLS)
+	$(CMAKE) -S . -B build/driver-native >/dev/null
+	$(VENV)/bin/cmake --build build/driver-native
+	$(CMAKE) -S . -B build/driver-aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake >/dev/null
+	$(VENV)/bin/cmake --build build/driver-aarch64
+
+test: install drivers
 	$(PYTEST) -q -m "not slow" tests
 
 test-slow: install

@@ -25,7 +25,7 @@ def get_library_path() -> str:
 @functools.cache
 def _library() -> ctypes.CDLL:
     library = ctypes.CDLL(get_library_path())
-    for symbol in ("QuestOrtOpNames", "QuestOrtKernelIsa"):
+    for symbol in ("QuestOrtOpNames", "QuestOrtKernelIsa", "QuestOrtSupportedIsas"):
         getattr(library, symbol).restype = ctypes.c_char_p
     library.QuestOrtCopiedBytes.restype = ctypes.c_uint64
     return library
@@ -37,8 +37,17 @@ def native_op_names() -> tuple[str, ...]:
 
 
 def native_kernel_isa() -> str:
-    """The kernel variant the native library uses on this CPU ("scalar", ...)."""
+    """The kernel variant the native library uses ("avx512", "avx2", "neon" or "scalar").
+
+    The best variant the CPU supports, unless the environment variable QUEST_ORT_ISA names another
+    supported one (QUEST_ORT_ISA=scalar forces the scalar reference kernels).
+    """
     return _library().QuestOrtKernelIsa().decode()
+
+
+def native_supported_isas() -> tuple[str, ...]:
+    """Kernel variants this CPU can run, best first."""
+    return tuple(_library().QuestOrtSupportedIsas().decode().split(","))
 
 
 def native_copied_bytes() -> int:
@@ -59,4 +68,5 @@ __all__ = [
     "native_copied_bytes",
     "native_kernel_isa",
     "native_op_names",
+    "native_supported_isas",
 ]

@@ -1,7 +1,17 @@
-// Chooses the kernel variant once per process.
+// Chooses the kernel variant once per process, from the CPU's features and QUEST_ORT_ISA.
 #include "dispatch.h"
 
+#include <cstdlib>
+#include <cstring>
+
 namespace quest {
+
+#if defined(__x86_64__) || defined(_M_X64)
+const KernelTable& avx512_kernels();
+const KernelTable& avx2_kernels();
+#elif defined(__aarch64__)
+const KernelTable& neon_kernels();
+#endif
 
 const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quest_metadata_scalar, sparse_block_select_scalar,
@@ -9,7 +19,30 @@ const KernelTable& scalar_kernels() {
   return table;
 }
 
-// Only the scalar variant exists so far; SIMD variants register here, chosen by CPU features.
-const KernelTable& active_kernels() { return scalar_kernels(); }
+std::vector<const KernelTable*> supported_kernels() {
+  std::vector<const KernelTable*> tables;
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  const bool f16c = __builtin_cpu_supports("f16c");
+  if (__builtin_cpu_supports("avx512f") && f16c) tables.push_back(&avx512_kernels());
+  if (__builtin_cpu_supports("avx2") && f16c) tables.push_back(&avx2_kernels());
+#elif defined(__aarch64__)
+  tables.push_back(&neon_kernels());  // NEON is part of every AArch64 CPU
+#endif
+  tables.push_back(&scalar_kernels());
+  return tables;
+}
+
+const KernelTable& active_kernels() {
+  static const KernelTable& table = []() -> const KernelTable& {
+    const std::vector<const KernelTable*> tables = supported_kernels();
+    const char* requested = std::getenv("QUEST_ORT_ISA");
+    if (requested != nullptr)
+      for (const KernelTable* candidate : tables)
+        if (std::strcmp(candidate->isa, requested) == 0) return *candidate;
+    return *tables.front();
+  }();
+  return table;
+}
 
 }  // namespace quest

@@ -1,6 +1,8 @@
 // The one dispatch table: which kernel variant runs each op on this CPU.
 #pragma once
 
+#include <vector>
+
 #include "quest_metadata.h"
 #include "sparse_block_attention.h"
 #include "sparse_block_select.h"
@@ -18,7 +20,11 @@ struct KernelTable {
 // The scalar reference kernels, always built.
 const KernelTable& scalar_kernels();
 
-// The variant chosen for this CPU at first use.
+// Every variant built into this library that this CPU can run, best first; scalar is last.
+std::vector<const KernelTable*> supported_kernels();
+
+// The variant in use, chosen at first call: the one named by the environment variable
+// QUEST_ORT_ISA (scalar, avx2, avx512, neon) when this CPU supports it, else the best supported.
 const KernelTable& active_kernels();
 
 }  // namespace quest

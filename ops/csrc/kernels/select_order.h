@@ -1,4 +1,7 @@
-// The total order that ranks blocks for selection, shared by every SparseBlockSelect variant.
+// The selection procedure every SparseBlockSelect variant shares: forced blocks, importance, top-k.
+//
+// Variants differ only in how they score blocks; the order that ranks blocks and the procedure
+// that fills the budget live here once, so every variant selects exactly the same blocks.
 #pragma once
 
 #include <algorithm>
@@ -6,10 +9,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "sparse_block_select.h"
+
 namespace quest {
 
 // True when block a ranks before block b: higher value first, NaN last, ties to the lower index.
-// A strict total order, so the chosen set never depends on the sorting algorithm.
+// A strict total order, so the chosen set never depends on the selection algorithm.
 inline bool ranks_before(const float* values, int32_t a, int32_t b) {
   const float va = values[a], vb = values[b];
   const bool nan_a = std::isnan(va), nan_b = std::isnan(vb);
@@ -18,12 +23,79 @@ inline bool ranks_before(const float* values, int32_t a, int32_t b) {
   return a < b;
 }
 
-// Moves the best `count` of `candidates` (by ranks_before on `values`) to its front.
-inline void take_best(std::vector<int32_t>& candidates, const float* values, int64_t count) {
+// Reusable buffers of one row's selection.
+struct SelectScratch {
+  std::vector<float> scores;       // [eligible]
+  std::vector<int32_t> chosen;     // chosen blocks, in the order they were taken
+  std::vector<int32_t> best;       // heap of the best candidates so far
+  std::vector<uint8_t> taken;      // [eligible]
+  std::vector<float> query;        // variant-owned: the (reduced) query rows
+};
+
+// Appends to s.chosen the best `count` untaken blocks of [0, eligible) by `values`.
+// A bounded heap whose top is the worst kept block: O(eligible) compares when count is small.
+inline void choose_best(const float* values, int64_t eligible, int64_t count, SelectScratch& s) {
   if (count <= 0) return;
-  if (count >= static_cast<int64_t>(candidates.size())) return;
-  std::nth_element(candidates.begin(), candidates.begin() + (count - 1), candidates.end(),
-                   [values](int32_t a, int32_t b) { return ranks_before(values, a, b); });
+  const auto worse = [values](int32_t a, int32_t b) { return ranks_before(values, a, b); };
+  s.best.clear();
+  for (int32_t m = 0; m < eligible; ++m) {
+    if (s.taken[m]) continue;
+    if (static_cast<int64_t>(s.best.size()) < count) {
+      s.best.push_back(m);
+      std::push_heap(s.best.begin(), s.best.end(), worse);
+    } else if (ranks_before(values, m, s.best.front())) {
+      std::pop_heap(s.best.begin(), s.best.end(), worse);
+      s.best.back() = m;
+      std::push_heap(s.best.begin(), s.best.end(), worse);
+    }
+  }
+  for (const int32_t m : s.best) {
+    s.taken[m] = 1;
+    s.chosen.push_back(m);
+  }
+}
+
+inline void take_block(int32_t m, SelectScratch& s) {
+  if (s.taken[m]) return;
+  s.taken[m] = 1;
+  s.chosen.push_back(m);
+}
+
+// Selects the blocks of one (b, n, query) whose own block is `current` and writes `row` [K]:
+// ascending, -1 padded. `score_blocks(eligible, scores)` fills the bound of blocks [0, eligible);
+// it runs only when the ranking needs the scores.
+template <typename ScoreBlocks>
+void select_row(const SparseBlockSelectParams& prm, const float* importance, int64_t current, int32_t* row,
+                SelectScratch& s, ScoreBlocks&& score_blocks) {
+  const int64_t K = prm.top_k, eligible = current + 1;
+  std::fill(row, row + K, -1);
+  if (eligible <= K) {
+    for (int64_t m = 0; m < eligible; ++m) row[m] = static_cast<int32_t>(m);
+    return;
+  }
+  s.chosen.clear();
+  s.taken.assign(eligible, 0);
+  // Forced blocks in priority order: recent newest first, then sinks ascending; at most K.
+  for (int64_t m = current; m > current - prm.recent_blocks && m >= 0; --m) take_block(static_cast<int32_t>(m), s);
+  for (int64_t m = 0; m < std::min(prm.sink_blocks, eligible); ++m) take_block(static_cast<int32_t>(m), s);
+  if (static_cast<int64_t>(s.chosen.size()) > K) {
+    for (size_t j = K; j < s.chosen.size(); ++j) s.taken[s.chosen[j]] = 0;
+    s.chosen.resize(K);
+  }
+  int64_t remaining = K - static_cast<int64_t>(s.chosen.size());
+  if (importance != nullptr && remaining > 0) {
+    const auto by_importance = static_cast<int64_t>(
+        std::floor(static_cast<double>(prm.importance_fraction) * static_cast<double>(remaining)));
+    choose_best(importance, eligible, by_importance, s);
+    remaining -= by_importance;
+  }
+  if (remaining > 0) {
+    s.scores.resize(eligible);
+    score_blocks(eligible, s.scores.data());
+    choose_best(s.scores.data(), eligible, remaining, s);
+  }
+  std::sort(s.chosen.begin(), s.chosen.end());
+  std::copy(s.chosen.begin(), s.chosen.end(), row);
 }
 
 }  // namespace quest

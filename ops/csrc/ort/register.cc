@@ -75,6 +75,17 @@ __attribute__((visibility("default"))) const char* QuestOrtOpNames() {
 // Bytes of cache or metadata copied because an output was not bound to its input's buffer.
 __attribute__((visibility("default"))) uint64_t QuestOrtCopiedBytes() { return quest::ort::copied_bytes().load(); }
 
-// The kernel variant in use on this CPU ("scalar", ...).
+// The kernel variant in use on this CPU ("avx512", "avx2", "neon" or "scalar").
 __attribute__((visibility("default"))) const char* QuestOrtKernelIsa() { return quest::active_kernels().isa; }
+
+// Comma-separated variants this CPU can run, best first (QUEST_ORT_ISA picks among them).
+__attribute__((visibility("default"))) const char* QuestOrtSupportedIsas() {
+  static const std::string names = [] {
+    std::string joined;
+    for (const quest::KernelTable* table : quest::supported_kernels())
+      joined += std::string(joined.empty() ? "" : ",") + table->isa;
+    return joined;
+  }();
+  return names.c_str();
+}
 }

@@ -1,0 +1,75 @@
+// Sixteen float lanes in four NEON registers (AArch64, ARMv8.0: NEON and half conversions are baseline).
+#pragma once
+
+#ifndef QUEST_ISA
+#error "define QUEST_ISA (the namespace of this instruction set) before including"
+#endif
+
+#include <arm_neon.h>
+
+#include "../half.h"
+
+namespace quest::QUEST_ISA {
+
+struct Lanes {
+  float32x4_t a, b, c, d;  // lanes 0-3, 4-7, 8-11, 12-15
+
+  static Lanes zero() { return broadcast(0.0f); }
+  static Lanes broadcast(float x) {
+    const float32x4_t v = vdupq_n_f32(x);
+    return {v, v, v, v};
+  }
+  static Lanes load(const float* p) { return {vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}; }
+  static Lanes load(const Half* p) {
+    const float16x8_t low = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(p)));
+    const float16x8_t high = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(p + 8)));
+    return {vcvt_f32_f16(vget_low_f16(low)), vcvt_high_f32_f16(low), vcvt_f32_f16(vget_low_f16(high)),
+            vcvt_high_f32_f16(high)};
+  }
+  void store(float* p) const {
+    vst1q_f32(p, a);
+    vst1q_f32(p + 4, b);
+    vst1q_f32(p + 8, c);
+    vst1q_f32(p + 12, d);
+  }
+  void store(Half* p) const {
+    vst1q_u16(reinterpret_cast<uint16_t*>(p), vreinterpretq_u16_f16(vcvt_high_f16_f32(vcvt_f16_f32(a), b)));
+    vst1q_u16(reinterpret_cast<uint16_t*>(p + 8), vreinterpretq_u16_f16(vcvt_high_f16_f32(vcvt_f16_f32(c), d)));
+  }
+
+  // Compare and select, not vmaxq (which propagates NaN): exactly `x > y ? x : y`.
+  static float32x4_t gt_select(float32x4_t x, float32x4_t y) { return vbslq_f32(vcgtq_f32(x, y), x, y); }
+  static float32x4_t lt_select(float32x4_t x, float32x4_t y) { return vbslq_f32(vcltq_f32(x, y), x, y); }
+  static Lanes max_select(Lanes x, Lanes y) { return {gt_select(x.a, y.a), gt_select(x.b, y.b), gt_select(x.c, y.c), gt_select(x.d, y.d)}; }
+  static Lanes min_select(Lanes x, Lanes y) { return {lt_select(x.a, y.a), lt_select(x.b, y.b), lt_select(x.c, y.c), lt_select(x.d, y.d)}; }
+  static Lanes floor(Lanes x) { return {vrndmq_f32(x.a), vrndmq_f32(x.b), vrndmq_f32(x.c), vrndmq_f32(x.d)}; }
+  // value where x >= bound (false for NaN), else +0.
+  static float32x4_t keep(float32x4_t value, float32x4_t x, float32x4_t bound) {
+    return vreinterpretq_f32_u32(vandq_u32(vcgeq_f32(x, bound), vreinterpretq_u32_f32(value)));
+  }
+  static Lanes keep_where_at_least(Lanes value, Lanes x, Lanes bound) {
+    return {keep(value.a, x.a, bound.a), keep(value.b, x.b, bound.b), keep(value.c, x.c, bound.c), keep(value.d, x.d, bound.d)};
+  }
+  // 2^n for lanes holding integers n in [-126, 127].
+  static float32x4_t pow2(float32x4_t n) {
+    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23));
+  }
+  static Lanes pow2(Lanes n) { return {pow2(n.a), pow2(n.b), pow2(n.c), pow2(n.d)}; }
+  // Rounds every lane to the nearest float16 value (ties to even) and back.
+  static float32x4_t round_half(float32x4_t x) { return vcvt_f32_f16(vcvt_f16_f32(x)); }
+  Lanes round_half() const { return {round_half(a), round_half(b), round_half(c), round_half(d)}; }
+  // The canonical fold: lane[i] += lane[i + 8], then + 4, + 2, + 1.
+  float fold() const {
+    const float32x4_t four = vaddq_f32(vaddq_f32(a, c), vaddq_f32(b, d));
+    const float32x2_t two = vadd_f32(vget_low_f32(four), vget_high_f32(four));
+    return vget_lane_f32(two, 0) + vget_lane_f32(two, 1);
+  }
+};
+
+// Free operators, not hidden friends: GCC applies a `#pragma GCC target` region to these.
+inline Lanes operator+(Lanes x, Lanes y) { return {vaddq_f32(x.a, y.a), vaddq_f32(x.b, y.b), vaddq_f32(x.c, y.c), vaddq_f32(x.d, y.d)}; }
+inline Lanes operator-(Lanes x, Lanes y) { return {vsubq_f32(x.a, y.a), vsubq_f32(x.b, y.b), vsubq_f32(x.c, y.c), vsubq_f32(x.d, y.d)}; }
+inline Lanes operator*(Lanes x, Lanes y) { return {vmulq_f32(x.a, y.a), vmulq_f32(x.b, y.b), vmulq_f32(x.c, y.c), vmulq_f32(x.d, y.d)}; }
+inline Lanes operator/(Lanes x, Lanes y) { return {vdivq_f32(x.a, y.a), vdivq_f32(x.b, y.b), vdivq_f32(x.c, y.c), vdivq_f32(x.d, y.d)}; }
+
+}  // namespace quest::QUEST_ISA
