@@ -13,9 +13,19 @@ const KernelTable& avx2_kernels();
 const KernelTable& neon_kernels();
 #endif
 
+namespace {
+float read_probe_scalar(const float* data, int64_t count) {
+  float a = 0.0f, b = 0.0f, c = 0.0f, d = 0.0f;
+  int64_t i = 0;
+  for (; i + 4 <= count; i += 4) a += data[i], b += data[i + 1], c += data[i + 2], d += data[i + 3];
+  for (; i < count; ++i) a += data[i];
+  return (a + b) + (c + d);
+}
+}  // namespace
+
 const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quest_metadata_scalar, sparse_block_select_scalar,
-                                 write_cache_tokens_scalar, sparse_block_attention_scalar};
+                                 write_cache_tokens_scalar, sparse_block_attention_scalar, read_probe_scalar};
   return table;
 }
 

@@ -15,6 +15,8 @@ struct KernelTable {
   SparseBlockSelectFn sparse_block_select;
   CacheWriteFn write_cache_tokens;
   SparseBlockAttentionFn sparse_block_attention;
+  // Sums `count` floats as fast as the instruction set streams them: the benchmarks' bandwidth probe.
+  float (*read_probe)(const float* data, int64_t count);
 };
 
 // The scalar reference kernels, always built.

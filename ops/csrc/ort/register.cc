@@ -78,6 +78,11 @@ __attribute__((visibility("default"))) uint64_t QuestOrtCopiedBytes() { return q
 // The kernel variant in use on this CPU ("avx512", "avx2", "neon" or "scalar").
 __attribute__((visibility("default"))) const char* QuestOrtKernelIsa() { return quest::active_kernels().isa; }
 
+// Streams `count` floats with the active variant (the benchmarks' read-bandwidth probe).
+__attribute__((visibility("default"))) float QuestOrtReadProbe(const float* data, int64_t count) {
+  return quest::active_kernels().read_probe(data, count);
+}
+
 // Comma-separated variants this CPU can run, best first (QUEST_ORT_ISA picks among them).
 __attribute__((visibility("default"))) const char* QuestOrtSupportedIsas() {
   static const std::string names = [] {

@@ -14,6 +14,12 @@ namespace quest::QUEST_ISA {
 struct Lanes {
   float32x4_t a, b, c, d;  // lanes 0-3, 4-7, 8-11, 12-15
 
+  // Register tiling that fits the 32 vector registers: key rows per logits tile (x 4 heads) and
+  // 16-lane chunks per value tile (x 4 heads).
+  static constexpr int kTileRows = 1;
+  static constexpr int kMetadataChunks = 2;  // chunks of running max and min kept in registers
+  static constexpr int kValueChunks = 1;
+
   static Lanes zero() { return broadcast(0.0f); }
   static Lanes broadcast(float x) {
     const float32x4_t v = vdupq_n_f32(x);
@@ -58,6 +64,10 @@ struct Lanes {
   // Rounds every lane to the nearest float16 value (ties to even) and back.
   static float32x4_t round_half(float32x4_t x) { return vcvt_f32_f16(vcvt_f16_f32(x)); }
   Lanes round_half() const { return {round_half(a), round_half(b), round_half(c), round_half(d)}; }
+  static void fold4(const Lanes& w, const Lanes& x, const Lanes& y, const Lanes& z, float* out) {
+    out[0] = w.fold(), out[1] = x.fold(), out[2] = y.fold(), out[3] = z.fold();
+  }
+
   // The canonical fold: lane[i] += lane[i + 8], then + 4, + 2, + 1.
   float fold() const {
     const float32x4_t four = vaddq_f32(vaddq_f32(a, c), vaddq_f32(b, d));

@@ -15,17 +15,21 @@ namespace quest::QUEST_ISA {
 
 inline constexpr int64_t kChunk = kLanes;
 
+// Hot helpers are forced inline: a call per key row (with a realigned frame for the vectors)
+// costs more than the row's arithmetic.
+#define QUEST_INLINE inline __attribute__((always_inline))
+
 inline int64_t padded(int64_t n) { return (n + kChunk - 1) / kChunk * kChunk; }
 
 template <typename T>
-Lanes load_partial(const T* p, int64_t n) {
+QUEST_INLINE Lanes load_partial(const T* p, int64_t n) {
   T buffer[kChunk] = {};  // +0 in the lanes past n: adding a +0 product never changes a lane
   std::copy(p, p + n, buffer);
   return Lanes::load(buffer);
 }
 
 template <typename T>
-void store_partial(const Lanes& v, T* p, int64_t n) {
+QUEST_INLINE void store_partial(const Lanes& v, T* p, int64_t n) {
   T buffer[kChunk];
   v.store(buffer);
   std::copy(buffer, buffer + n, p);
@@ -33,12 +37,12 @@ void store_partial(const Lanes& v, T* p, int64_t n) {
 
 // Lanes [d, d + 16) of a row of D values, zero past D.
 template <typename T>
-Lanes load_row(const T* row, int64_t d, int64_t D) {
+QUEST_INLINE Lanes load_row(const T* row, int64_t d, int64_t D) {
   return d + kChunk <= D ? Lanes::load(row + d) : load_partial(row + d, D - d);
 }
 
 template <typename T>
-void store_row(const Lanes& v, T* row, int64_t d, int64_t D) {
+QUEST_INLINE void store_row(const Lanes& v, T* row, int64_t d, int64_t D) {
   if (d + kChunk <= D)
     v.store(row + d);
   else
@@ -53,8 +57,16 @@ Lanes round_to(const Lanes& v) {
     return v;
 }
 
+// Prefetches one row of D values (one request per 64-byte line). The attention streams rows from
+// blocks that jump around the cache; asking a few rows ahead keeps enough loads in flight.
+template <typename T>
+QUEST_INLINE void prefetch_row(const T* row, int64_t D) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t offset = 0; offset < D * static_cast<int64_t>(sizeof(T)); offset += 64) __builtin_prefetch(bytes + offset, 0, 2);
+}
+
 // canonical_exp on every lane.
-inline Lanes exp_lanes(Lanes x) {
+QUEST_INLINE Lanes exp_lanes(Lanes x) {
   const Lanes lowest = Lanes::broadcast(-87.0f);
   const Lanes in_range = x;
   x = Lanes::min_select(Lanes::zero(), x);  // x > 0 ? 0 : x
@@ -75,12 +87,34 @@ inline Lanes exp_lanes(Lanes x) {
 
 // The canonical dot product of a zero-padded float row `q` with a row `k` of D values.
 template <typename TC>
-float dot(const float* q, const TC* k, int64_t D) {
+QUEST_INLINE float dot(const float* q, const TC* k, int64_t D) {
   Lanes acc = Lanes::zero();
   int64_t d = 0;
   for (; d + kChunk <= D; d += kChunk) acc = acc + Lanes::load(q + d) * Lanes::load(k + d);
   if (d < D) acc = acc + Lanes::load(q + d) * load_partial(k + d, D - d);
   return acc.fold();
+}
+
+// Four canonical dot products of zero-padded float rows with one row `k`: independent sums.
+template <typename TC>
+QUEST_INLINE void dot4(const float* q0, const float* q1, const float* q2, const float* q3, const TC* k, int64_t D, float* out) {
+  Lanes a0 = Lanes::zero(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t d = 0;
+  for (; d + kChunk <= D; d += kChunk) {
+    const Lanes kd = Lanes::load(k + d);
+    a0 = a0 + Lanes::load(q0 + d) * kd;
+    a1 = a1 + Lanes::load(q1 + d) * kd;
+    a2 = a2 + Lanes::load(q2 + d) * kd;
+    a3 = a3 + Lanes::load(q3 + d) * kd;
+  }
+  if (d < D) {
+    const Lanes kd = load_partial(k + d, D - d);
+    a0 = a0 + Lanes::load(q0 + d) * kd;
+    a1 = a1 + Lanes::load(q1 + d) * kd;
+    a2 = a2 + Lanes::load(q2 + d) * kd;
+    a3 = a3 + Lanes::load(q3 + d) * kd;
+  }
+  out[0] = a0.fold(), out[1] = a1.fold(), out[2] = a2.fold(), out[3] = a3.fold();
 }
 
 // Loads a row of D values of type T into a float row zero-padded to a multiple of 16.

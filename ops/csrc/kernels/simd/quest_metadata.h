@@ -6,8 +6,37 @@
 
 namespace quest::QUEST_ISA {
 
+inline constexpr int64_t kRowsAhead = 16;
+
+// Merges key rows [0, count) (rounded to TC) into one block's max/min for `Chunks` chunks from d.
+// The running max/min stay in registers for the whole run and are stored once.
+template <int Chunks, typename T, typename TC>
+QUEST_INLINE void merge_run(const T* keys, int64_t count, int64_t D, int64_t d, bool starts_block, TC* hi, TC* lo,
+                            int64_t rows_left) {
+  Lanes top[Chunks], bottom[Chunks];
+  for (int c = 0; c < Chunks; ++c) {
+    const Lanes x = round_to<TC>(load_row(keys, d + c * kChunk, D));
+    top[c] = starts_block ? x : Lanes::max_select(load_row(hi, d + c * kChunk, D), x);
+    bottom[c] = starts_block ? x : Lanes::min_select(load_row(lo, d + c * kChunk, D), x);
+  }
+  for (int64_t t = 1; t < count; ++t) {
+    // The first pass over the run streams the keys: keep requests in flight ahead of it.
+    if (d == 0 && t + kRowsAhead < rows_left) prefetch_row(keys + (t + kRowsAhead) * D, D);
+    for (int c = 0; c < Chunks; ++c) {
+      const Lanes x = round_to<TC>(load_row(keys + t * D, d + c * kChunk, D));
+      top[c] = Lanes::max_select(top[c], x);
+      bottom[c] = Lanes::min_select(bottom[c], x);
+    }
+  }
+  for (int c = 0; c < Chunks; ++c) {
+    store_row(top[c], hi, d + c * kChunk, D);
+    store_row(bottom[c], lo, d + c * kChunk, D);
+  }
+}
+
 template <typename T, typename TC>
 void quest_metadata_items(const QuestMetadataParams& prm, int64_t begin, int64_t end) {
+  constexpr int kChunks = Lanes::kMetadataChunks;
   const int64_t S = prm.new_tokens, D = prm.head_dim, M = prm.num_blocks, P = prm.block_size;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / prm.kv_heads;
@@ -15,16 +44,18 @@ void quest_metadata_items(const QuestMetadataParams& prm, int64_t begin, int64_t
     TC* block_max = static_cast<TC*>(prm.block_max) + item * M * D;
     TC* block_min = static_cast<TC*>(prm.block_min) + item * M * D;
     const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
-    for (int64_t p = past; p < total; ++p) {
-      const T* k = key + (p - past) * D;
+    // Runs of tokens that share a block: merged in token order, as the scalar kernel does.
+    for (int64_t p = past; p < total;) {
+      const int64_t run_end = std::min(total, (p / P + 1) * P);
+      const T* keys = key + (p - past) * D;
       TC* hi = block_max + (p / P) * D;
       TC* lo = block_min + (p / P) * D;
-      const bool first = p % P == 0;
-      for (int64_t d = 0; d < D; d += kChunk) {
-        const Lanes x = round_to<TC>(load_row(k, d, D));
-        store_row(first ? x : Lanes::max_select(load_row(hi, d, D), x), hi, d, D);
-        store_row(first ? x : Lanes::min_select(load_row(lo, d, D), x), lo, d, D);
-      }
+      const bool starts_block = p % P == 0;
+      int64_t d = 0;
+      for (; d + kChunks * kChunk <= D; d += kChunks * kChunk)
+        merge_run<kChunks>(keys, run_end - p, D, d, starts_block, hi, lo, total - p);
+      for (; d < D; d += kChunk) merge_run<1>(keys, run_end - p, D, d, starts_block, hi, lo, total - p);
+      p = run_end;
     }
   }
 }

@@ -30,6 +30,131 @@ void write_cache_items(const SparseBlockAttentionParams& prm, int64_t begin, int
   }
 }
 
+// logits[h * Pp + t] = dot(query row h, key row t) for four query rows and `Rows` consecutive key
+// rows: 4 x Rows independent canonical sums in registers, folded four at a time.
+template <int Rows, typename TC>
+QUEST_INLINE void logits_tile(const float* q, int64_t Dp, const TC* keys, int64_t D, float* logits, int64_t Pp) {
+  Lanes acc[4 * Rows];
+  for (int j = 0; j < 4 * Rows; ++j) acc[j] = Lanes::zero();
+  const float* q0 = q;
+  const float* q1 = q + Dp;
+  const float* q2 = q + 2 * Dp;
+  const float* q3 = q + 3 * Dp;
+  for (int64_t d = 0; d < D; d += kChunk) {
+    const Lanes x0 = Lanes::load(q0 + d), x1 = Lanes::load(q1 + d), x2 = Lanes::load(q2 + d), x3 = Lanes::load(q3 + d);
+    for (int r = 0; r < Rows; ++r) {
+      const Lanes k = load_row(keys + r * D, d, D);
+      acc[r] = acc[r] + x0 * k;
+      acc[Rows + r] = acc[Rows + r] + x1 * k;
+      acc[2 * Rows + r] = acc[2 * Rows + r] + x2 * k;
+      acc[3 * Rows + r] = acc[3 * Rows + r] + x3 * k;
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    float folded[4];
+    Lanes::fold4(acc[r], acc[Rows + r], acc[2 * Rows + r], acc[3 * Rows + r], folded);
+    for (int h = 0; h < 4; ++h) logits[h * Pp + r] = folded[h];
+  }
+}
+
+// The rows a block reads in order (its keys, then its values), and the next block's keys after
+// them: prefetch(i) asks for the row kAhead rows past row i of that sequence.
+template <typename TC>
+struct RowStream {
+  static constexpr int64_t kAhead = 16;
+  const TC* keys;
+  const TC* values;
+  const TC* next_keys;  // null after the last block
+  int64_t count, next_count, D;
+
+  QUEST_INLINE void prefetch(int64_t i) const {
+    int64_t row = i + kAhead;
+    if (row < count) return prefetch_row(keys + row * D, D);
+    row -= count;
+    if (row < count) return prefetch_row(values + row * D, D);
+    row -= count;
+    if (next_keys != nullptr && row < next_count) prefetch_row(next_keys + row * D, D);
+  }
+};
+
+// Scaled (and soft-capped) logits [G][count] of the G query rows against key rows [0, count).
+template <typename TC>
+void block_logits(const float* queries, int64_t G, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
+                  const SparseBlockAttentionParams& prm, float* logits) {
+  constexpr int kRows = Lanes::kTileRows;
+  const TC* keys = rows.keys;
+  const int64_t count = rows.count, D = rows.D;
+  int64_t g = 0;
+  for (; g + 4 <= G; g += 4) {
+    int64_t t = 0;
+    for (; t + kRows <= count; t += kRows) {
+      if (g == 0)
+        for (int r = 0; r < kRows; ++r) rows.prefetch(t + r);
+      logits_tile<kRows>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp);
+    }
+    for (; t < count; ++t) {
+      if (g == 0) rows.prefetch(t);
+      logits_tile<1>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp);
+    }
+  }
+  for (const int64_t first_single = g; g < G; ++g) {
+    for (int64_t t = 0; t < count; ++t) {
+      if (g == first_single && first_single == 0) rows.prefetch(t);
+      logits[g * Pp + t] = dot(queries + g * Dp, keys + t * D, D);
+    }
+  }
+  for (g = 0; g < G; ++g) {
+    for (int64_t t = 0; t < count; ++t) {
+      float logit = logits[g * Pp + t] * prm.scale;
+      if (prm.softcap > 0.0f) logit = prm.softcap * canonical_tanh(logit / prm.softcap);
+      logits[g * Pp + t] = logit;
+    }
+  }
+}
+
+// accumulators[h] += weights[h * Pp + t] * value row t, for t = 0 .. count-1 in order, for `Heads`
+// heads and `Chunks` 16-lane chunks from d: the accumulators stay in registers across the rows.
+template <int Heads, int Chunks, typename TC>
+QUEST_INLINE void value_tile(const TC* values, int64_t count, int64_t D, int64_t d, const float* weights, int64_t Pp,
+                             float* accumulators, int64_t Dp, const RowStream<TC>* rows) {
+  Lanes acc[Heads * Chunks];
+  for (int h = 0; h < Heads; ++h)
+    for (int c = 0; c < Chunks; ++c) acc[h * Chunks + c] = Lanes::load(accumulators + h * Dp + d + c * kChunk);
+  for (int64_t t = 0; t < count; ++t) {
+    if (rows != nullptr) rows->prefetch(count + t);
+    const TC* v = values + t * D;
+    Lanes w[Heads];
+    for (int h = 0; h < Heads; ++h) w[h] = Lanes::broadcast(weights[h * Pp + t]);
+    for (int c = 0; c < Chunks; ++c) {
+      const Lanes x = load_row(v, d + c * kChunk, D);
+      for (int h = 0; h < Heads; ++h) acc[h * Chunks + c] = acc[h * Chunks + c] + w[h] * x;
+    }
+  }
+  for (int h = 0; h < Heads; ++h)
+    for (int c = 0; c < Chunks; ++c) acc[h * Chunks + c].store(accumulators + h * Dp + d + c * kChunk);
+}
+
+// Adds the block's weighted value rows to the G accumulators, in row order.
+template <typename TC>
+void block_values(const RowStream<TC>& rows, int64_t Dp, int64_t G, const float* weights, int64_t Pp,
+                  float* accumulators) {
+  constexpr int kChunks = Lanes::kValueChunks;
+  const TC* values = rows.values;
+  const int64_t count = rows.count, D = rows.D;
+  int64_t g = 0;
+  const RowStream<TC>* first = &rows;  // the first pass over the rows prefetches ahead
+  for (; g + 4 <= G; g += 4) {
+    int64_t d = 0;
+    for (; d + kChunks * kChunk <= Dp; d += kChunks * kChunk, first = nullptr)
+      value_tile<4, kChunks>(values, count, D, d, weights + g * Pp, Pp, accumulators + g * Dp, Dp, first);
+    for (; d < Dp; d += kChunk, first = nullptr)
+      value_tile<4, 1>(values, count, D, d, weights + g * Pp, Pp, accumulators + g * Dp, Dp, first);
+  }
+  for (; g < G; ++g)
+    for (int64_t d = 0; d < Dp; d += kChunk, first = nullptr)
+      value_tile<1, 1>(values, count, D, d, weights + g * Pp, Pp, accumulators + g * Dp, Dp, first);
+}
+
 struct BlockMass {
   int32_t block;
   float max_logit;
@@ -50,7 +175,7 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
   s.queries.resize(G * Dp);
   s.accumulators.resize(G * Dp);
   s.logits.resize(G * Pp);
-  s.weights.resize(Pp);
+  s.weights.resize(G * Pp);
   s.max_logit.resize(G);
   s.denominator.resize(G);
   for (int64_t item = begin; item < end; ++item) {
@@ -81,19 +206,22 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
       std::fill(s.max_logit.begin(), s.max_logit.end(), -std::numeric_limits<float>::infinity());
       std::fill(s.denominator.begin(), s.denominator.end(), 0.0f);
       s.masses.clear();
-      for (const int32_t block : s.blocks) {
+      // Blocks after the query attend nothing; drop them so the prefetch stream sees the real next block.
+      s.blocks.erase(std::remove_if(s.blocks.begin(), s.blocks.end(), [&](int32_t m) { return m * P > p; }),
+                     s.blocks.end());
+      for (size_t j = 0; j < s.blocks.size(); ++j) {
+        const int64_t block = s.blocks[j];
         const int64_t first = block * P, last = std::min<int64_t>(first + P, p + 1);
-        if (first >= last) continue;
         const int64_t count = last - first;
-        for (int64_t g = 0; g < G; ++g) {
-          const float* q = s.queries.data() + g * Dp;
-          float* logits = s.logits.data() + g * Pp;
-          for (int64_t t = 0; t < count; ++t) {
-            float logit = dot(q, key_cache + (first + t) * D, D) * prm.scale;
-            if (prm.softcap > 0.0f) logit = prm.softcap * canonical_tanh(logit / prm.softcap);
-            logits[t] = logit;
-          }
+        RowStream<TC> rows{key_cache + first * D, value_cache + first * D, nullptr, count, 0, D};
+        if (j + 1 < s.blocks.size()) {
+          const int64_t next = s.blocks[j + 1] * P;
+          rows.next_keys = key_cache + next * D;
+          rows.next_count = std::min<int64_t>(next + P, p + 1) - next;
         }
+        // Logits: key rows tiled against four heads at a time (independent sums, canonical order each).
+        block_logits(s.queries.data(), G, Dp, rows, Pp, prm, s.logits.data());
+        // Online softmax per head: block max, rescale, weights (the scalar kernel's order).
         for (int64_t g = 0; g < G; ++g) {
           const float* logits = s.logits.data() + g * Pp;
           float* acc = s.accumulators.data() + g * Dp;
@@ -105,19 +233,16 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
           const Lanes scale_lanes = Lanes::broadcast(rescale);
           for (int64_t d = 0; d < Dp; d += kChunk) (Lanes::load(acc + d) * scale_lanes).store(acc + d);
           const Lanes shift = Lanes::broadcast(new_max);
-          for (int64_t t = 0; t < count; t += kChunk) exp_lanes(Lanes::load(logits + t) - shift).store(s.weights.data() + t);
+          float* weights = s.weights.data() + g * Pp;
+          for (int64_t t = 0; t < count; t += kChunk) exp_lanes(Lanes::load(logits + t) - shift).store(weights + t);
           float weight_sum = 0.0f;
-          for (int64_t t = 0; t < count; ++t) {
-            const float w = s.weights[t];
-            weight_sum = weight_sum + w;
-            const Lanes wv = Lanes::broadcast(w);
-            const TC* v = value_cache + (first + t) * D;
-            for (int64_t d = 0; d < D; d += kChunk) (Lanes::load(acc + d) + wv * load_row(v, d, D)).store(acc + d);
-          }
+          for (int64_t t = 0; t < count; ++t) weight_sum = weight_sum + weights[t];
           s.denominator[g] = s.denominator[g] + weight_sum;
           s.max_logit[g] = new_max;
-          if (importance) s.masses.push_back(BlockMass{block, new_max, weight_sum});
+          if (importance) s.masses.push_back(BlockMass{static_cast<int32_t>(block), new_max, weight_sum});
         }
+        // Values: added, weighted, to the G accumulators in t order.
+        block_values(rows, Dp, G, s.weights.data(), Pp, s.accumulators.data());
       }
       for (int64_t g = 0; g < G; ++g) {
         const float* acc = s.accumulators.data() + g * Dp;

@@ -3,6 +3,7 @@
 
 #include "../dispatch.h"
 #include "quest_metadata.h"
+#include "read_probe.h"
 #include "sparse_block_attention.h"
 #include "sparse_block_select.h"
 
@@ -29,7 +30,7 @@ inline void sparse_block_attention(const SparseBlockAttentionParams& prm, int64_
 }
 
 inline KernelTable make_table(const char* name) {
-  return KernelTable{name, quest_metadata, sparse_block_select, write_cache_tokens, sparse_block_attention};
+  return KernelTable{name, quest_metadata, sparse_block_select, write_cache_tokens, sparse_block_attention, read_probe};
 }
 
 }  // namespace quest::QUEST_ISA

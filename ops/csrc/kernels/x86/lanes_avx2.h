@@ -14,6 +14,12 @@ namespace quest::QUEST_ISA {
 struct Lanes {
   __m256 lo, hi;  // lanes 0-7 and 8-15
 
+  // Register tiling that fits the 16 vector registers: key rows per logits tile (x 4 heads) and
+  // 16-lane chunks per value tile (x 4 heads).
+  static constexpr int kTileRows = 1;
+  static constexpr int kMetadataChunks = 2;  // chunks of running max and min kept in registers
+  static constexpr int kValueChunks = 1;
+
   static Lanes zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static Lanes broadcast(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
   static Lanes load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
@@ -49,6 +55,21 @@ struct Lanes {
   Lanes round_half() const {
     return {_mm256_cvtph_ps(_mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT)), _mm256_cvtph_ps(_mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT))};
   }
+  // Four canonical folds at once: the same additions as fold(), shuffled into shared registers.
+  static void fold4(const Lanes& a, const Lanes& b, const Lanes& c, const Lanes& d, float* out) {
+    const __m256 a8 = _mm256_add_ps(a.lo, a.hi), b8 = _mm256_add_ps(b.lo, b.hi);
+    const __m256 c8 = _mm256_add_ps(c.lo, c.hi), d8 = _mm256_add_ps(d.lo, d.hi);
+    // [a 4 | b 4] and [c 4 | d 4]
+    const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a8, b8, 0x20), _mm256_permute2f128_ps(a8, b8, 0x31));
+    const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c8, d8, 0x20), _mm256_permute2f128_ps(c8, d8, 0x31));
+    // per 128-bit half: [x0 + x2, x1 + x3, y0 + y2, y1 + y3] with (x, y) = (a, c) low, (b, d) high
+    const __m256 two = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xEE));
+    const __m256 one = _mm256_add_ps(two, _mm256_permute_ps(two, 0xB1));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, one);
+    out[0] = lanes[0], out[1] = lanes[4], out[2] = lanes[2], out[3] = lanes[6];
+  }
+
   // The canonical fold: lane[i] += lane[i + 8], then + 4, + 2, + 1.
   float fold() const {
     const __m256 eight = _mm256_add_ps(lo, hi);

@@ -14,6 +14,12 @@ namespace quest::QUEST_ISA {
 struct Lanes {
   __m512 v;
 
+  // Register tiling that fits the 32 vector registers: key rows per logits tile (x 4 heads) and
+  // 16-lane chunks per value tile (x 4 heads).
+  static constexpr int kTileRows = 2;
+  static constexpr int kMetadataChunks = 8;  // chunks of running max and min kept in registers
+  static constexpr int kValueChunks = 4;
+
   static Lanes zero() { return {_mm512_setzero_ps()}; }
   static Lanes broadcast(float x) { return {_mm512_set1_ps(x)}; }
   static Lanes load(const float* p) { return {_mm512_loadu_ps(p)}; }
@@ -38,6 +44,20 @@ struct Lanes {
   }
   // Rounds every lane to the nearest float16 value (ties to even) and back.
   Lanes round_half() const { return {_mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))}; }
+  // Four canonical folds at once: the same additions as fold(), shuffled into shared registers.
+  static void fold4(const Lanes& a, const Lanes& b, const Lanes& c, const Lanes& d, float* out) {
+    const __m512 ab = _mm512_add_ps(_mm512_castpd_ps(_mm512_shuffle_f64x2(_mm512_castps_pd(a.v), _mm512_castps_pd(b.v), 0x44)), _mm512_castpd_ps(_mm512_shuffle_f64x2(_mm512_castps_pd(a.v), _mm512_castps_pd(b.v), 0xEE)));
+    const __m512 cd = _mm512_add_ps(_mm512_castpd_ps(_mm512_shuffle_f64x2(_mm512_castps_pd(c.v), _mm512_castps_pd(d.v), 0x44)), _mm512_castpd_ps(_mm512_shuffle_f64x2(_mm512_castps_pd(c.v), _mm512_castps_pd(d.v), 0xEE)));
+    // ab = [a 8 lanes | b 8 lanes]: quarters 0,1 belong to a, 2,3 to b; likewise cd.
+    const __m512 four = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 two = _mm512_add_ps(four, _mm512_permute_ps(four, _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512 one = _mm512_add_ps(two, _mm512_permute_ps(two, _MM_SHUFFLE(2, 3, 0, 1)));
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, one);
+    out[0] = lanes[0], out[1] = lanes[4], out[2] = lanes[8], out[3] = lanes[12];
+  }
+
   // The canonical fold: lane[i] += lane[i + 8], then + 4, + 2, + 1.
   float fold() const {
     const __m256 eight = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
