@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 DEPS   := $(VENV)/.deps-installed
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: install drivers test test-slow demo clean
+.PHONY: install drivers test test-slow demo bench clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -39,6 +39,12 @@ test: install drivers
 
 test-slow: install
 	$(PYTEST) -q -m slow tests
+
+# Kernel benchmarks against ONNX Runtime's GroupQueryAttention: prints a table, writes
+# benchmarks/results/ops.json and ops.png (a few minutes).
+bench: install
+	$(PIP) install -q matplotlib
+	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/bench_ops.py
 
 demo: install
 	$(VENV)/bin/quest-ort-demo

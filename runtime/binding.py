@@ -12,17 +12,18 @@ class InPlaceStep:
     """Runs a session with each aliased output bound to its input's OrtValue.
 
     `aliases` maps an output name to the input whose buffer it shares (e.g. key_cache_out ->
-    key_cache). The caller keeps the OrtValues of the aliased inputs across steps: ONNX Runtime
-    hands the op the same pointer for both, and the op writes only the new tokens.
+    key_cache); aliases naming outputs the session lacks are ignored. The caller keeps the
+    OrtValues of the aliased inputs across steps: ONNX Runtime hands the op the same pointer for
+    both, and the op writes only the new tokens.
     """
 
     def __init__(self, session: ort.InferenceSession, aliases: Mapping[str, str]):
         self.session = session
-        self.aliases = dict(aliases)
         self.outputs = [o.name for o in session.get_outputs()]
+        self.aliases = {out: inp for out, inp in aliases.items() if out in self.outputs}
 
-    def run(self, feeds: Mapping[str, np.ndarray | ort.OrtValue]) -> dict[str, np.ndarray]:
-        """Run once; returns the outputs that are not aliased, as NumPy arrays."""
+    def bind(self, feeds: Mapping[str, np.ndarray | ort.OrtValue]) -> ort.IOBinding:
+        """An IOBinding for these feeds, reusable for repeated runs on the same buffers."""
         binding = self.session.io_binding()
         values = {}
         for name, value in feeds.items():
@@ -30,12 +31,20 @@ class InPlaceStep:
                 value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
             values[name] = value
             binding.bind_ortvalue_input(name, value)
-        fresh = [name for name in self.outputs if name not in self.aliases]
         for name in self.outputs:
             if name in self.aliases:
                 binding.bind_ortvalue_output(name, values[self.aliases[name]])
             else:
                 binding.bind_output(name, "cpu")
+        binding._quest_values = values  # keep the OrtValues of NumPy feeds alive with the binding
+        return binding
+
+    def run_bound(self, binding: ort.IOBinding) -> dict[str, np.ndarray]:
+        """Run a prepared binding; returns the outputs that are not aliased, as NumPy arrays."""
         self.session.run_with_iobinding(binding)
         produced = binding.get_outputs()
-        return {name: value.numpy() for name, value in zip(self.outputs, produced) if name in fresh}
+        return {name: value.numpy() for name, value in zip(self.outputs, produced) if name not in self.aliases}
+
+    def run(self, feeds: Mapping[str, np.ndarray | ort.OrtValue]) -> dict[str, np.ndarray]:
+        """Bind and run once."""
+        return self.run_bound(self.bind(feeds))

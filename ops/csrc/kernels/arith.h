@@ -30,6 +30,21 @@ struct LaneSum {
   }
 };
 
+// Sixteen lane maxima: value t goes to lane t % 16 (lane = value > lane ? value : lane, from -inf);
+// fold() halves 8, 4, 2, 1 with lane[i] = lane[i] > lane[i + w] ? lane[i] : lane[i + w].
+struct LaneMax {
+  float lane[kLanes];
+  LaneMax() {
+    for (float& x : lane) x = -std::numeric_limits<float>::infinity();
+  }
+  void add(int64_t t, float value) { lane[t & (kLanes - 1)] = max_select(value, lane[t & (kLanes - 1)]); }
+  float fold() {
+    for (int width = kLanes / 2; width >= 1; width /= 2)
+      for (int i = 0; i < width; ++i) lane[i] = max_select(lane[i], lane[i + width]);
+    return lane[0];
+  }
+};
+
 template <typename TA, typename TB>
 inline float canonical_dot(const TA* a, const TB* b, int64_t n) {
   LaneSum sum;

@@ -68,6 +68,15 @@ struct Lanes {
     out[0] = w.fold(), out[1] = x.fold(), out[2] = y.fold(), out[3] = z.fold();
   }
 
+  // The canonical max fold: lane[i] = max(lane[i], lane[i + w]) for w = 8, 4, 2, 1.
+  float fold_max() const {
+    const float32x4_t four = gt_select(gt_select(a, c), gt_select(b, d));
+    const float32x2_t low = vget_low_f32(four), high = vget_high_f32(four);
+    const float32x2_t two = vbsl_f32(vcgt_f32(low, high), low, high);
+    const float x = vget_lane_f32(two, 0), y = vget_lane_f32(two, 1);
+    return x > y ? x : y;
+  }
+
   // The canonical fold: lane[i] += lane[i + 8], then + 4, + 2, + 1.
   float fold() const {
     const float32x4_t four = vaddq_f32(vaddq_f32(a, c), vaddq_f32(b, d));

@@ -87,24 +87,25 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
         if (first >= last) continue;  // a block entirely after the query attends nothing
         for (int64_t g = 0; g < G; ++g) {
           HeadState& h = heads[g];
-          float block_max = -std::numeric_limits<float>::infinity();
+          LaneMax block_max;
           for (int64_t t = first; t < last; ++t) {
             float logit = canonical_dot(queries.data() + g * D, key_cache + t * D, D) * prm.scale;
             if (prm.softcap > 0.0f) logit = prm.softcap * canonical_tanh(logit / prm.softcap);
             logits[t - first] = logit;
-            block_max = max_select(logit, block_max);
+            block_max.add(t - first, logit);
           }
-          const float new_max = max_select(block_max, h.max_logit);
+          const float new_max = max_select(block_max.fold(), h.max_logit);
           const float rescale = canonical_exp(h.max_logit - new_max);
           h.denominator = h.denominator * rescale;
           for (int64_t d = 0; d < D; ++d) h.accumulator[d] = h.accumulator[d] * rescale;
-          float weight_sum = 0.0f;
+          LaneSum weights;
           for (int64_t t = first; t < last; ++t) {
             const float w = canonical_exp(logits[t - first] - new_max);
-            weight_sum = weight_sum + w;
+            weights.add(t - first, w);
             const TC* v = value_cache + t * D;
             for (int64_t d = 0; d < D; ++d) h.accumulator[d] = h.accumulator[d] + w * to_float(v[d]);
           }
+          const float weight_sum = weights.fold();
           h.denominator = h.denominator + weight_sum;
           h.max_logit = new_max;
           if (importance) masses.push_back(BlockMass{block, new_max, weight_sum});

@@ -223,20 +223,26 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
         block_logits(s.queries.data(), G, Dp, rows, Pp, prm, s.logits.data());
         // Online softmax per head: block max, rescale, weights (the scalar kernel's order).
         for (int64_t g = 0; g < G; ++g) {
-          const float* logits = s.logits.data() + g * Pp;
+          float* logits = s.logits.data() + g * Pp;
           float* acc = s.accumulators.data() + g * Dp;
-          float block_max = -std::numeric_limits<float>::infinity();
-          for (int64_t t = 0; t < count; ++t) block_max = max_select(logits[t], block_max);
-          const float new_max = max_select(block_max, s.max_logit[g]);
+          // -inf past the block's rows: they add nothing to the max and weigh exp(-inf) = 0.
+          std::fill(logits + count, logits + padded(count), -std::numeric_limits<float>::infinity());
+          Lanes lane_max = Lanes::broadcast(-std::numeric_limits<float>::infinity());
+          for (int64_t t = 0; t < count; t += kChunk) lane_max = Lanes::max_select(Lanes::load(logits + t), lane_max);
+          const float new_max = max_select(lane_max.fold_max(), s.max_logit[g]);
           const float rescale = canonical_exp(s.max_logit[g] - new_max);
           s.denominator[g] = s.denominator[g] * rescale;
           const Lanes scale_lanes = Lanes::broadcast(rescale);
           for (int64_t d = 0; d < Dp; d += kChunk) (Lanes::load(acc + d) * scale_lanes).store(acc + d);
           const Lanes shift = Lanes::broadcast(new_max);
           float* weights = s.weights.data() + g * Pp;
-          for (int64_t t = 0; t < count; t += kChunk) exp_lanes(Lanes::load(logits + t) - shift).store(weights + t);
-          float weight_sum = 0.0f;
-          for (int64_t t = 0; t < count; ++t) weight_sum = weight_sum + weights[t];
+          Lanes lane_sum = Lanes::zero();
+          for (int64_t t = 0; t < count; t += kChunk) {
+            const Lanes w = exp_lanes(Lanes::load(logits + t) - shift);
+            w.store(weights + t);
+            lane_sum = lane_sum + w;
+          }
+          const float weight_sum = lane_sum.fold();
           s.denominator[g] = s.denominator[g] + weight_sum;
           s.max_logit[g] = new_max;
           if (importance) s.masses.push_back(BlockMass{static_cast<int32_t>(block), new_max, weight_sum});

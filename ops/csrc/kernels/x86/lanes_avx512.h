@@ -58,6 +58,14 @@ struct Lanes {
     out[0] = lanes[0], out[1] = lanes[4], out[2] = lanes[8], out[3] = lanes[12];
   }
 
+  // The canonical max fold: lane[i] = max(lane[i], lane[i + w]) for w = 8, 4, 2, 1.
+  float fold_max() const {
+    const __m256 eight = _mm256_max_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    const __m128 four = _mm_max_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+    const __m128 two = _mm_max_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_max_ss(two, _mm_shuffle_ps(two, two, 1)));
+  }
+
   // The canonical fold: lane[i] += lane[i + 8], then + 4, + 2, + 1.
   float fold() const {
     const __m256 eight = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));

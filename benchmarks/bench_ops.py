@@ -1,0 +1,317 @@
+"""`make bench`: the op kernels against ONNX Runtime's GroupQueryAttention and the machine's bandwidth.
+
+Every call reads cold data: each measurement rotates among enough copies of its buffers to exceed
+the last-level cache. Caches are bound in place (IOBinding), GQA shares its past/present buffers.
+Prints a table and writes benchmarks/results/ops.json and ops.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import sys
+
+import numpy as np
+import onnxruntime as ort
+
+from harness import copies_for, gqa_decode_model, plain_session, read_bandwidth, time_rotating
+from quest_ort.graphs import op_model
+from quest_ort.graphs.layer import LAYER_ALIASES, attention_layer_model
+from quest_ort.ops import native_kernel_isa
+from quest_ort.runtime import make_session
+from quest_ort.runtime.binding import InPlaceStep
+from quest_ort.runtime.buffers import cache_buffer
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+HEADS = ((32, 8, 128), (16, 8, 128))
+CONTEXTS = (4096, 16384, 32768, 65536)
+DTYPES = ("float32", "float16")
+BUDGETS = ((32, 32), (16, 64))  # (P, K): a 1024-token budget each
+
+
+def _value(array):
+    """An OrtValue over a huge-page buffer holding `array`, as the runtime allocates caches."""
+    buffer = cache_buffer(array.shape, array.dtype)
+    buffer[...] = array
+    return ort.OrtValue.ortvalue_from_numpy(buffer)
+
+
+class Config:
+    """Buffers for one (H, N, D, C, dtype): `copies` independent caches and metadata."""
+
+    def __init__(self, H, N, D, C, dtype, rng):
+        self.H, self.N, self.D, self.C, self.dtype = H, N, D, C, np.dtype(dtype)
+        self.past = C - 64
+        cache_bytes = 2 * N * C * D * self.dtype.itemsize
+        # Cache copies rotate, and so do the selections (from per-copy metadata), so that every call
+        # reads blocks no recent call read; metadata copies are sized by their own bytes.
+        self.cache_copies = copies_for(cache_bytes, most=4)
+        self.copies = copies_for(2 * N * (C // 16) * D * self.dtype.itemsize)
+        make = lambda shape: rng.standard_normal(shape).astype(np.float32).astype(self.dtype)  # noqa: E731
+        caches = [(_value(make((1, N, C, D))), _value(make((1, N, C, D)))) for _ in range(self.cache_copies)]
+        self.key_cache = [caches[c % self.cache_copies][0] for c in range(self.copies)]
+        self.value_cache = [caches[c % self.cache_copies][1] for c in range(self.copies)]
+        self.query = make((1, H, 1, D))
+        self.key = make((1, N, 1, D))
+        self.value = make((1, N, 1, D))
+        self.past_lens = np.array([self.past], np.int32)
+
+    def metadata(self, P, rng):
+        """Per-copy metadata [1, N, ceil(C/P), D] of random content (cold, like the caches)."""
+        M = -(-self.C // P)
+        out = []
+        for _ in range(self.copies):
+            hi = rng.standard_normal((1, self.N, M, self.D)).astype(np.float32)
+            out.append((_value(hi.astype(self.dtype)), _value((hi - 1.0).astype(self.dtype))))
+        return out
+
+    def cache_bytes(self, tokens):
+        return 2 * self.N * tokens * self.D * self.dtype.itemsize
+
+
+def _steps(step: InPlaceStep, feeds_of):
+    bindings = [step.bind(feeds_of(copy)) for copy in range(len(feeds_of.copies))]
+    return lambda copy: step.run_bound(bindings[copy])
+
+
+class Feeds:
+    def __init__(self, copies, fn):
+        self.copies = range(copies)
+        self.fn = fn
+
+    def __call__(self, copy):
+        return self.fn(copy)
+
+
+def bench_config(cfg: Config, P: int, K: int, threads: int, rng, include_gqa: bool, rows: list):
+    H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
+    meta = cfg.metadata(P, rng)
+    M_eligible = cfg.past // P + 1
+    base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, block_size=P, top_k=K, threads=threads)
+
+    def record(kind, ms, bytes_read=None, **extra):
+        row = dict(base, kind=kind, ms=round(ms, 4), **extra)
+        if bytes_read is not None:
+            row["bytes"] = int(bytes_read)
+            row["gb_per_s"] = round(bytes_read / ms / 1e6, 2)
+        rows.append(row)
+        gbs = f"{row['gb_per_s']:7.1f} GB/s" if bytes_read is not None else ""
+        print(f"  {kind:<18} {ms:9.3f} ms {gbs}", flush=True)
+
+    # Per-step metadata update (decode, in place).
+    update = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=cfg.key, block_max=meta[0][0].numpy(),
+                                                                      block_min=meta[0][1].numpy(), past_lens=cfg.past_lens),
+                                               dict(block_size=P)), threads=threads),
+                         {"block_max_out": "block_max", "block_min_out": "block_min"})
+    run = _steps(update, Feeds(cfg.copies, lambda c: dict(key=cfg.key, block_max=meta[c][0], block_min=meta[c][1],
+                                                          past_lens=cfg.past_lens)))
+    record("metadata_update", time_rotating(run, cfg.copies))
+
+    # Selection over the cached context.
+    select_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P, top_k=K)
+    select = InPlaceStep(make_session(op_model("SparseBlockSelect", dict(query=cfg.query, block_max=meta[0][0].numpy(),
+                                                                         block_min=meta[0][1].numpy(), past_lens=cfg.past_lens),
+                                               select_attributes), threads=threads), {})
+    feeds = Feeds(cfg.copies, lambda c: dict(query=cfg.query, block_max=meta[c][0], block_min=meta[c][1], past_lens=cfg.past_lens))
+    run = _steps(select, feeds)
+    indices = [select.run(feeds(c))["block_indices"] for c in range(cfg.copies)]
+    record("select", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * cfg.dtype.itemsize)
+
+    # Sparse attention over the selected blocks.
+    attention_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P)
+    sparse_inputs = dict(query=cfg.query, key=cfg.key, value=cfg.value, key_cache=cfg.key_cache[0].numpy(),
+                         value_cache=cfg.value_cache[0].numpy(), past_lens=cfg.past_lens, block_indices=indices[0])
+    sparse = InPlaceStep(make_session(op_model("SparseBlockAttention", sparse_inputs, attention_attributes),
+                                      threads=threads), LAYER_ALIASES)
+    run = _steps(sparse, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
+                                                         key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
+                                                         past_lens=cfg.past_lens, block_indices=indices[c])))
+    record("sparse_attention", time_rotating(run, cfg.copies), cfg.cache_bytes(K * P))
+
+    # The whole sparse decode step: the three ops as one layer graph, everything in place.
+    layer = InPlaceStep(make_session(attention_layer_model(num_heads=H, kv_num_heads=N, head_dim=D, capacity=C,
+                                                           block_size=P, top_k=K, activation_dtype=cfg.dtype,
+                                                           cache_dtype=cfg.dtype), threads=threads), LAYER_ALIASES)
+    run = _steps(layer, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
+                                                        key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
+                                                        past_lens=cfg.past_lens, block_max=meta[c][0], block_min=meta[c][1])))
+    step_ms = time_rotating(run, cfg.copies)
+    record("sparse_step", step_ms, 2 * N * M_eligible * D * cfg.dtype.itemsize + cfg.cache_bytes(K * P))
+    return step_ms
+
+
+def bench_dense(cfg: Config, threads: int, include_gqa: bool, rows: list):
+    H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
+    base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, threads=threads)
+    dense = InPlaceStep(make_session(attention_layer_model(num_heads=H, kv_num_heads=N, head_dim=D, capacity=C,
+                                                           block_size=32, top_k=None, activation_dtype=cfg.dtype,
+                                                           cache_dtype=cfg.dtype), threads=threads), LAYER_ALIASES)
+    run = _steps(dense, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
+                                                        key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
+                                                        past_lens=cfg.past_lens)))
+    results = {}
+    results["dense"] = time_rotating(run, cfg.copies, budget_s=1.0)
+    if include_gqa:
+        gqa = plain_session(gqa_decode_model(H, N, D, C, cfg.dtype), threads)
+        bindings = []
+        for c in range(cfg.copies):
+            io = gqa.io_binding()
+            io.bind_cpu_input("query", cfg.query.reshape(1, 1, H * D))
+            io.bind_cpu_input("key", cfg.key.reshape(1, 1, N * D))
+            io.bind_cpu_input("value", cfg.value.reshape(1, 1, N * D))
+            io.bind_ortvalue_input("past_key", cfg.key_cache[c])
+            io.bind_ortvalue_input("past_value", cfg.value_cache[c])
+            io.bind_cpu_input("seqlens_k", np.array([cfg.past], np.int32))
+            io.bind_cpu_input("total_sequence_length", np.array(cfg.past + 1, np.int32))
+            io.bind_output("output")
+            io.bind_ortvalue_output("present_key", cfg.key_cache[c])
+            io.bind_ortvalue_output("present_value", cfg.value_cache[c])
+            bindings.append(io)
+        results["gqa"] = time_rotating(lambda c: gqa.run_with_iobinding(bindings[c]), cfg.copies, budget_s=1.0)
+    for kind, ms in results.items():
+        bytes_read = cfg.cache_bytes(cfg.past + 1)
+        rows.append(dict(base, kind=kind, ms=round(ms, 4), bytes=bytes_read, gb_per_s=round(bytes_read / ms / 1e6, 2)))
+        print(f"  {kind:<18} {ms:9.3f} ms {bytes_read / ms / 1e6:7.1f} GB/s  ({threads} thread{'s' if threads > 1 else ''})", flush=True)
+    return results
+
+
+def bench_metadata_build(dtype, C, P, N, D, threads, rng, rows):
+    key = rng.standard_normal((1, N, C, D)).astype(np.float32).astype(dtype)
+    copies = copies_for(key.nbytes)
+    keys = [key] + [np.roll(key, c, axis=2) for c in range(1, copies)]
+    M = -(-C // P)
+    meta = [(_value(np.zeros((1, N, M, D), dtype)), _value(np.zeros((1, N, M, D), dtype))) for _ in range(copies)]
+    zero = np.zeros(1, np.int32)
+    build = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=key, block_max=meta[0][0].numpy(),
+                                                                     block_min=meta[0][1].numpy(), past_lens=zero),
+                                              dict(block_size=P)), threads=threads),
+                        {"block_max_out": "block_max", "block_min_out": "block_min"})
+    run = _steps(build, Feeds(copies, lambda c: dict(key=keys[c], block_max=meta[c][0], block_min=meta[c][1], past_lens=zero)))
+    ms = time_rotating(run, copies)
+    rows.append(dict(kind="metadata_build", context=C, dtype=np.dtype(dtype).name, block_size=P, heads=f"-/{N}/{D}",
+                     threads=threads, ms=round(ms, 4), bytes=key.nbytes, gb_per_s=round(key.nbytes / ms / 1e6, 2)))
+    print(f"  metadata_build     {ms:9.3f} ms {key.nbytes / ms / 1e6:7.1f} GB/s  (C={C}, {np.dtype(dtype).name}, P={P})", flush=True)
+
+
+def summarize(rows, bandwidth):
+    """The issue's targets, from the measured rows (None where a row is missing)."""
+    def ms(**match):
+        found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+        return found[0]["ms"] if found else None
+
+    def gbs(**match):
+        found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+        return found[0]["gb_per_s"] if found else None
+
+    headline = dict(heads="32/8/128", context=32768, dtype="float32", threads=1)
+    out = {}
+    gqa, step = ms(kind="gqa", **headline), ms(kind="sparse_step", block_size=32, top_k=32, **headline)
+    dense = ms(kind="dense", **headline)
+    if gqa and step:
+        out["sparse_step_speedup_vs_gqa"] = round(gqa / step, 1)
+    if gqa and dense:
+        out["dense_speedup_vs_gqa"] = round(gqa / dense, 2)
+    for kind in ("select", "sparse_attention"):
+        value = gbs(kind=kind, block_size=32, top_k=32, **headline)
+        if value:
+            out[f"{kind}_fraction_of_bandwidth"] = round(value / bandwidth[1], 3)
+    build = gbs(kind="metadata_build", context=32768, dtype="float32", block_size=32, threads=1)
+    if build:
+        out["metadata_build_fraction_of_bandwidth"] = round(build / bandwidth[1], 3)
+    small = ms(kind="metadata_update", heads="32/8/128", context=4096, dtype="float32", block_size=32, threads=1)
+    large = ms(kind="metadata_update", heads="32/8/128", context=65536, dtype="float32", block_size=32, threads=1)
+    if small and large:
+        out["metadata_update_64k_over_4k"] = round(large / small, 2)
+    two = ms(kind="dense", heads="32/8/128", context=32768, dtype="float32", threads=2)
+    if dense and two:
+        out["dense_two_thread_speedup"] = round(dense / two, 2)
+    gqa2, dense2 = ms(kind="gqa", heads="32/8/128", context=32768, dtype="float32", threads=2), two
+    if gqa2 and dense2:
+        out["dense_speedup_vs_gqa_two_threads"] = round(gqa2 / dense2, 2)
+    for dtype in DTYPES:
+        g = ms(kind="gqa", heads="32/8/128", context=32768, dtype=dtype, threads=1)
+        s = ms(kind="sparse_step", heads="32/8/128", context=32768, dtype=dtype, block_size=32, top_k=32, threads=1)
+        d = ms(kind="dense", heads="32/8/128", context=32768, dtype=dtype, threads=1)
+        if g and s and d:
+            out[f"{dtype}_32k_step_dense_gqa_ms"] = [s, d, g]
+    return out
+
+
+def plot(rows, bandwidth, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for dtype, style in (("float32", "-"), ("float16", "--")):
+        for kind, color in (("sparse_step", "tab:green"), ("dense", "tab:blue"), ("gqa", "tab:red")):
+            points = sorted((r["context"], r["ms"]) for r in rows if r["kind"] == kind and r["dtype"] == dtype
+                            and r["heads"] == "32/8/128" and r["threads"] == 1 and r.get("block_size", 32) == 32
+                            and r.get("top_k", 32) == 32)
+            if points:
+                axes[0].plot(*zip(*points), style, marker="o", color=color, label=f"{kind} {dtype}")
+    axes[0].set(xscale="log", yscale="log", xlabel="cached tokens", ylabel="ms per decode step (one layer)",
+                title="H=32 N=8 D=128, 1 thread, P=32 K=32")
+    axes[0].legend(fontsize=8)
+    kinds = ("metadata_build", "select", "sparse_attention", "dense", "gqa")
+    for offset, dtype in enumerate(DTYPES):
+        values = []
+        for kind in kinds:
+            found = [r["gb_per_s"] for r in rows if r["kind"] == kind and r["dtype"] == dtype and r["threads"] == 1
+                     and r["context"] == 32768 and r.get("block_size", 32) == 32 and r["heads"] in ("32/8/128", "-/8/128")]
+            values.append(found[0] if found else 0)
+        axes[1].bar(np.arange(len(kinds)) + 0.4 * offset, values, width=0.4, label=dtype)
+    axes[1].axhline(bandwidth[1], color="black", linestyle=":", label=f"read bandwidth {bandwidth[1]:.0f} GB/s")
+    axes[1].axhline(0.7 * bandwidth[1], color="gray", linestyle=":", label="70%")
+    axes[1].set_xticks(np.arange(len(kinds)) + 0.2, kinds, rotation=20)
+    axes[1].set(ylabel="GB/s on the bytes each must read", title="C=32K, 1 thread")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="only the headline shape (H=32 N=8 D=128, C=32K)")
+    parser.add_argument("--output", type=pathlib.Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(0)
+    rows: list[dict] = []
+    print(f"quest_ort kernels: {native_kernel_isa()}; onnxruntime {ort.__version__}; {platform.processor() or platform.machine()}")
+    bandwidth = {threads: read_bandwidth(threads, repeats=12) for threads in (1, 2)}
+    print(f"read bandwidth: {bandwidth[1]:.1f} GB/s (1 thread), {bandwidth[2]:.1f} GB/s (2 threads)")
+    heads = HEADS[:1] if args.quick else HEADS
+    contexts = (32768,) if args.quick else CONTEXTS
+    for dtype in DTYPES:
+        for C in contexts:
+            bench_metadata_build(dtype, C, 32, 8, 128, 1, rng, rows)
+    for H, N, D in heads:
+        for C in (sorted(set(contexts) | {4096, 65536}) if not args.quick else (4096, 32768, 65536)):
+            for dtype in DTYPES:
+                cfg = Config(H, N, D, C, dtype, rng)
+                for P, K in BUDGETS:
+                    print(f"H={H} N={N} D={D} C={C} {dtype} P={P} K={K}", flush=True)
+                    bench_config(cfg, P, K, 1, rng, True, rows)
+                if C in contexts:
+                    print(f"H={H} N={N} D={D} C={C} {dtype} dense", flush=True)
+                    for threads in (1, 2):
+                        bench_dense(cfg, threads, True, rows)
+                del cfg
+    summary = summarize(rows, bandwidth)
+    print("\nsummary:", json.dumps(summary, indent=1))
+    args.output.mkdir(parents=True, exist_ok=True)
+    report = dict(machine=dict(processor=platform.processor(), cpus=os.cpu_count(), isa=native_kernel_isa(),
+                               onnxruntime=ort.__version__, python=sys.version.split()[0]),
+                  read_bandwidth_gb_per_s={str(k): round(v, 2) for k, v in bandwidth.items()},
+                  summary=summary, rows=rows)
+    (args.output / "ops.json").write_text(json.dumps(report, indent=1))
+    plot(rows, bandwidth, args.output / "ops.png")
+    print(f"wrote {args.output / 'ops.json'} and {args.output / 'ops.png'}")
+
+
+if __name__ == "__main__":
+    main()

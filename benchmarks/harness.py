@@ -1,0 +1,87 @@
+"""Shared pieces of the benchmarks: cold-cache timing, the read-bandwidth probe, ORT's GQA baseline."""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import threading
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from quest_ort.graphs.op_graphs import elem_type
+from quest_ort.ops import get_library_path
+
+LAST_LEVEL_CACHE = 32 * 1024 * 1024
+COLD_WORKING_SET = 4 * LAST_LEVEL_CACHE  # rotate among enough buffer copies to exceed the caches
+
+
+def copies_for(bytes_per_copy: int, most: int = 16) -> int:
+    """How many copies of a call's buffers to rotate so each call reads from memory, not cache."""
+    return int(min(most, max(2, -(-COLD_WORKING_SET // max(bytes_per_copy, 1)))))
+
+
+def time_rotating(run, copies: int, budget_s: float = 0.6, least: int = 5, most: int = 200) -> float:
+    """Median milliseconds of run(copy) over rotating copies, after one warm-up pass over them."""
+    for copy in range(copies):
+        run(copy)
+    times: list[float] = []
+    started = time.perf_counter()
+    while len(times) < least or (time.perf_counter() - started < budget_s and len(times) < most):
+        copy = len(times) % copies
+        begin = time.perf_counter()
+        run(copy)
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times) * 1e3
+
+
+def read_bandwidth(threads: int, gigabytes: float = 1.0, repeats: int = 5) -> float:
+    """GB/s of a streaming read of `gigabytes` split across `threads`, with the kernels' instruction set."""
+    library = ctypes.CDLL(get_library_path())
+    library.QuestOrtReadProbe.restype = ctypes.c_float
+    library.QuestOrtReadProbe.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    data = np.ones(int(gigabytes * 2**30) // 4, dtype=np.float32)
+    parts = np.array_split(data, threads)
+    best = float("inf")
+    for _ in range(repeats):
+        workers = [threading.Thread(target=library.QuestOrtReadProbe, args=(p.ctypes.data, p.size)) for p in parts]
+        begin = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        best = min(best, time.perf_counter() - begin)
+    return data.nbytes / best / 1e9
+
+
+def gqa_decode_model(num_heads: int, kv_num_heads: int, head_dim: int, capacity: int, dtype) -> onnx.ModelProto:
+    """ONNX Runtime's com.microsoft.GroupQueryAttention for one decode token over a [B,N,C,D] cache
+    whose present outputs are bound to the past inputs (past_present_share_buffer)."""
+    H, N, D, C = num_heads, kv_num_heads, head_dim, capacity
+    t = elem_type(dtype)
+    node = helper.make_node(
+        "GroupQueryAttention",
+        ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"],
+        ["output", "present_key", "present_value"], domain="com.microsoft", num_heads=H, kv_num_heads=N)
+    graph = helper.make_graph(
+        [node], "gqa_decode",
+        [helper.make_tensor_value_info("query", t, ["B", 1, H * D]),
+         helper.make_tensor_value_info("key", t, ["B", 1, N * D]),
+         helper.make_tensor_value_info("value", t, ["B", 1, N * D]),
+         helper.make_tensor_value_info("past_key", t, ["B", N, C, D]),
+         helper.make_tensor_value_info("past_value", t, ["B", N, C, D]),
+         helper.make_tensor_value_info("seqlens_k", onnx.TensorProto.INT32, ["B"]),
+         helper.make_tensor_value_info("total_sequence_length", onnx.TensorProto.INT32, [])],
+        [helper.make_tensor_value_info("output", t, ["B", 1, H * D]),
+         helper.make_tensor_value_info("present_key", t, ["B", N, C, D]),
+         helper.make_tensor_value_info("present_value", t, ["B", N, C, D])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+
+
+def plain_session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
