@@ -1,0 +1,104 @@
+"""`export-sparse`: export a Hugging Face model with its attention rewritten into the Quest ops.
+
+    export-sparse qwen3 --k 32                       # the embedded default Qwen3, random weights
+    export-sparse llama --model path/to/SmolLM2.gguf --k 32 --kv-dtype float16
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from .families import FAMILIES
+from .rewrite import ExportError, SparseSettings
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(sorted({int(part) for part in text.split(",")}))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers or 'none', got {text!r}") from error
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {text}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    families = "\n".join(f"  {name:<7} {family.description}" for name, family in FAMILIES.items())
+    p = argparse.ArgumentParser(
+        prog="export-sparse",
+        description="Export a Hugging Face causal LM to ONNX with every attention layer rewritten into "
+        "the Quest operators (query-aware block-sparse attention over an in-place KV cache).",
+        epilog=f"families:\n{families}\n\nThe output folder holds the model, its external data, "
+        "quest_model.json (what the runtime needs) and the tokenizer when the source has one.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("family", choices=sorted(FAMILIES), help="model family (decides which rewrite rules apply)")
+    p.add_argument("--model", help="local Hugging Face folder, a .gguf file, or a hub id (needs a network); "
+                   "default: a small model of the family with deterministic random weights")
+    p.add_argument("--k", type=_positive, required=True, help="selection budget in blocks per KV head (top_k)")
+    p.add_argument("--block-size", type=_positive, default=32, help="tokens per metadata block P (default 32)")
+    p.add_argument("--sink", type=int, default=1, help="leading blocks always selected (default 1)")
+    p.add_argument("--recent", type=int, default=1,
+                   help="blocks ending at the query's own block always selected (default 1)")
+    p.add_argument("--group-reduce", choices=("mean", "max"), default="mean",
+                   help="score a KV head with its query heads' mean (default) or the max of their bounds")
+    p.add_argument("--importance-fraction", type=_fraction, default=0.0,
+                   help="share of the free budget chosen by prefill attention mass (default 0)")
+    p.add_argument("--dense-layers", type=_layers, default=(0, 1),
+                   help="layers that keep dense attention, e.g. 0,1 (default) or none")
+    p.add_argument("--capacity", type=_positive, default=None,
+                   help="default KV cache capacity in tokens recorded for the runtime "
+                   "(default: the model's context, at most 8192)")
+    p.add_argument("--kv-dtype", choices=("float32", "float16"), default="float32",
+                   help="storage type of the KV caches and metadata (default float32)")
+    p.add_argument("-o", "--output", type=pathlib.Path, default=None,
+                   help="output folder (default: <family>-quest-k<K>)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+    p.add_argument("--no-validate", action="store_true", help="skip the comparison with the optimum graph")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.sink < 0 or args.recent < 0:
+        parser().error("--sink and --recent must be >= 0")
+    from .pipeline import export_sparse
+
+    settings = SparseSettings(
+        top_k=args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,
+        group_reduce=args.group_reduce, importance_fraction=args.importance_fraction,
+        dense_layers=args.dense_layers, kv_dtype=args.kv_dtype,
+    )
+    output = args.output or pathlib.Path(f"{args.family}-quest-k{args.k}")
+    try:
+        report = export_sparse(args.family, output=output, settings=settings, model=args.model,
+                               capacity=args.capacity, overwrite=args.overwrite, validate=not args.no_validate)
+    except (ExportError, FileNotFoundError, ValueError, RuntimeError) as error:
+        print(f"\nexport-sparse: error: {error}", file=sys.stderr)
+        return 1
+    counts = report.counts
+    print(f"rewrote {len(counts['layers'])} attention layers: sparse {counts['sparse_layers']}, "
+          f"dense {counts['dense_layers']}")
+    if report.validation_max_abs_diff is not None:
+        print(f"validation: max |logit difference| vs the optimum graph = {report.validation_max_abs_diff:.2e}")
+    print(f"wrote {report.output} in {report.seconds:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

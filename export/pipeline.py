@@ -1,0 +1,224 @@
+"""The export pipeline: Hugging Face model -> optimum ONNX -> Quest rewrite -> checked, saved model.
+
+Each long step is announced; nothing is written to the output folder unless every step succeeds
+(the work happens in a temporary folder next to it and is moved into place at the end).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+from .families import FAMILIES, build_default_model, load_checkpoint, read_config
+from .rewrite import ExportError, Geometry, SparseSettings, rewrite_attention
+from .sidecar import SIDECAR_NAME, Sidecar
+
+MODEL_FILE = "model.quest.onnx"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja")
+
+
+@dataclasses.dataclass
+class ExportReport:
+    output: pathlib.Path
+    counts: dict
+    validation_max_abs_diff: float | None
+    seconds: float
+
+
+class Progress:
+    """Numbered step messages with their durations."""
+
+    def __init__(self, total: int, log=print):
+        self.total, self.index, self.log, self.started = total, 0, log, None
+
+    def step(self, message: str) -> None:
+        self.done()
+        self.index += 1
+        self.started = time.perf_counter()
+        self.log(f"[{self.index}/{self.total}] {message} ...", end="", flush=True)
+
+    def done(self) -> None:
+        if self.started is not None:
+            self.log(f" {time.perf_counter() - self.started:.1f}s", flush=True)
+            self.started = None
+
+
+def _geometry(config: dict):
+    import onnx_ir as ir
+
+    heads = config["num_attention_heads"]
+    return Geometry(
+        num_layers=config["num_hidden_layers"],
+        num_heads=heads,
+        kv_num_heads=config.get("num_key_value_heads", heads),
+        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        activation_dtype=ir.DataType.FLOAT,
+    )
+
+
+def optimum_export(checkpoint: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    """optimum's TorchScript export (opset 18, with past key values) of a local checkpoint."""
+    import contextlib
+    import io
+    import logging
+    import warnings
+
+    import transformers
+    from optimum.exporters.onnx import main_export
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    quiet = logging.getLogger("optimum")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            main_export(str(checkpoint), output=str(out), task="text-generation-with-past", opset=18,
+                        do_validation=False, device="cpu")
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        quiet.setLevel(level)
+    return out / "model.onnx"
+
+
+def export_sparse(
+    family: str,
+    *,
+    output: pathlib.Path,
+    settings: SparseSettings,
+    model: str | None = None,
+    capacity: int | None = None,
+    overwrite: bool = False,
+    validate: bool = True,
+    log=print,
+) -> ExportReport:
+    """Export `family` (the embedded default, or `model`) with its attention rewritten to Quest ops."""
+    import onnx_ir as ir
+
+    from .safety import check_external_data
+
+    if family not in FAMILIES:
+        raise ExportError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    output = pathlib.Path(output).resolve()
+    if output.exists() and any(output.iterdir()) and not overwrite:
+        raise ExportError(f"{output} exists and is not empty (pass --overwrite to replace it)")
+    if model is not None and pathlib.Path(model).exists() and pathlib.Path(model).resolve() in (output, *output.parents):
+        raise ExportError("the output folder may not be the input model's folder or inside it")
+    begin = time.perf_counter()
+    progress = Progress(5 if validate else 4, log)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".quest-export-", dir=output.parent) as work_name:
+        work = pathlib.Path(work_name)
+        fam = FAMILIES[family]
+        if model is None:
+            progress.step(f"building the default {family} model (random weights, seed 0)")
+            checkpoint = work / "checkpoint"
+            build_default_model(fam, checkpoint)
+            source = f"default {family} (random weights)"
+        else:
+            progress.step(f"loading {model}")
+            checkpoint = load_checkpoint(model, work)
+            source = str(model)
+        config = read_config(checkpoint)
+        if config.get("model_type") != fam.model_type:
+            raise ExportError(f"{source} is a {config.get('model_type')!r} model, not {fam.model_type!r} "
+                              f"(family {family})")
+        geometry = _geometry(config)
+        dense = tuple(layer for layer in settings.dense_layers if layer < geometry.num_layers)
+        settings = dataclasses.replace(settings, dense_layers=dense)
+        progress.step("exporting with optimum (TorchScript, opset 18)")
+        optimum_path = optimum_export(checkpoint, work / "optimum")
+        check_external_data(optimum_path)
+        progress.step(f"rewriting {geometry.num_layers} attention layers into Quest ops")
+        onnx_model = ir.load(optimum_path)
+        counts = rewrite_attention(onnx_model, settings, geometry)
+        progress.step("checking and saving")
+        staged = work / "out"
+        staged.mkdir()
+        ir.save(onnx_model, staged / MODEL_FILE, external_data=MODEL_FILE + ".data")
+        import onnx
+
+        check_model_path(staged / MODEL_FILE)
+        capacity = int(capacity or min(config.get("max_position_embeddings", 8192), 8192))
+        sidecar = Sidecar(
+            model_file=MODEL_FILE, family=family, source=source, num_layers=geometry.num_layers,
+            num_heads=geometry.num_heads, kv_num_heads=geometry.kv_num_heads, head_dim=geometry.head_dim,
+            vocab_size=int(config["vocab_size"]), activation_dtype="float32",
+            kv_dtype=settings.kv_dtype or "float32", capacity=capacity, block_size=settings.block_size,
+            top_k=settings.top_k, sink_blocks=settings.sink_blocks, recent_blocks=settings.recent_blocks,
+            group_reduce=settings.group_reduce, importance_fraction=settings.importance_fraction,
+            sparse_layers=counts["sparse_layers"], dense_layers=counts["dense_layers"],
+            layers=[Sidecar.layer_io(layer, layer in counts["sparse_layers"]) for layer in range(geometry.num_layers)],
+            eos_token_ids=_eos_ids(checkpoint),
+            exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "opset": 18,
+                      "rules": sorted(set(counts["layers"].values()))},
+        )
+        copied = [name for name in TOKENIZER_FILES if (checkpoint / name).is_file()]
+        if copied:
+            (staged / "tokenizer").mkdir()
+            for name in copied:
+                shutil.copy2(checkpoint / name, staged / "tokenizer" / name)
+            sidecar.tokenizer = "tokenizer"
+        sidecar.write(staged)
+        difference = None
+        if validate:
+            progress.step("validating against the optimum model on a short prompt")
+            difference = _validate(optimum_path, staged, geometry, int(config["vocab_size"]), sidecar.kv_dtype)
+        progress.done()
+        if output.exists():
+            shutil.rmtree(output)
+        staged.rename(output)
+    return ExportReport(output, counts, difference, time.perf_counter() - begin)
+
+
+def check_model_path(path: pathlib.Path) -> None:
+    """The full onnx checker (custom domain included) on the saved model, by path (any size)."""
+    import onnx
+
+    from ..ops.registry import register_schemas
+
+    register_schemas()
+    onnx.checker.check_model(str(path), full_check=True)
+
+
+def _eos_ids(checkpoint: pathlib.Path) -> list[int]:
+    path = checkpoint / "generation_config.json"
+    if not path.is_file():
+        return []
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+
+def _validate(optimum_path: pathlib.Path, staged: pathlib.Path, geometry: Geometry, vocab: int, kv_dtype: str) -> float:
+    """Max |logit difference| between the optimum graph and the Quest graph on a 24-token prompt
+    (shorter than the budget, so the Quest layers are exactly dense). Raises on a real mismatch."""
+    import onnxruntime as ort
+
+    from ..runtime.model import QuestModel
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, vocab, size=(1, 24), dtype=np.int64)
+    session = ort.InferenceSession(str(optimum_path), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(24)[None]}
+    empty = np.zeros((1, geometry.kv_num_heads, 0, geometry.head_dim), np.float32)
+    for layer in range(geometry.num_layers):
+        feeds[f"past_key_values.{layer}.key"] = empty
+        feeds[f"past_key_values.{layer}.value"] = empty
+    names = {i.name for i in session.get_inputs()}
+    expected = session.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0]
+    quest = QuestModel(staged, threads=1)
+    got = quest.step(quest.new_cache(1, capacity=64), ids)
+    difference = float(np.abs(got - expected).max())
+    scale = float(np.abs(expected).max())
+    tolerance = (2e-2 if kv_dtype == "float16" else 1e-3) * max(scale, 1.0)
+    if not difference <= tolerance:
+        raise ExportError(f"validation failed: the Quest graph's logits differ from the optimum graph's by {difference:.3g}")
+    return difference

@@ -1,0 +1,106 @@
+"""What every attention rewrite rule shares: the sparse settings, the new model inputs, the per-layer
+emitter of Quest nodes, and the record of why layers failed to match."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import onnx_ir as ir
+
+from ...ops.schemas import DOMAIN
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseSettings:
+    top_k: int
+    block_size: int = 32
+    sink_blocks: int = 1
+    recent_blocks: int = 1
+    group_reduce: str = "mean"
+    importance_fraction: float = 0.0
+    dense_layers: tuple[int, ...] = (0, 1)
+    kv_dtype: str | None = None  # None: the model's activation dtype
+
+
+@dataclasses.dataclass
+class Geometry:
+    num_layers: int
+    num_heads: int
+    kv_num_heads: int
+    head_dim: int
+    activation_dtype: ir.DataType
+
+
+def input_value(name: str, dtype: ir.DataType, shape: list) -> ir.Value:
+    return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(shape))
+
+
+class RewriteContext:
+    """Inputs and bookkeeping for rewriting one model's attention layers.
+
+    The graph inputs created here (past_lens, total_lens, block metadata) are added to the graph by
+    the I/O pass once every layer has been rewritten.
+    """
+
+    def __init__(self, settings: SparseSettings, geometry: Geometry, batch_dim: str = "batch_size"):
+        self.settings = settings
+        self.geometry = geometry
+        self.batch_dim = batch_dim
+        self.kv_dtype = ir.DataType.FLOAT16 if settings.kv_dtype == "float16" else (
+            ir.DataType.FLOAT if settings.kv_dtype == "float32" else geometry.activation_dtype)
+        self.past_lens = input_value("past_lens", ir.DataType.INT32, [batch_dim])
+        self.total_lens = input_value("total_lens", ir.DataType.INT32, [batch_dim])
+        N, D = geometry.kv_num_heads, geometry.head_dim
+        self.block_max: dict[int, ir.Value] = {}
+        self.block_min: dict[int, ir.Value] = {}
+        for layer in self.sparse_layers():
+            shape = [batch_dim, N, "num_blocks", D]
+            self.block_max[layer] = input_value(f"past_block_max.{layer}", self.kv_dtype, shape)
+            self.block_min[layer] = input_value(f"past_block_min.{layer}", self.kv_dtype, shape)
+        self.rewritten: dict[int, str] = {}  # layer -> rule name
+        self.failures: dict[int, list[str]] = collections.defaultdict(list)
+        self.metadata_outputs: dict[int, tuple[ir.Value, ir.Value]] = {}
+        # layer -> ((old present key, new key cache), (old present value, new value cache))
+        self.replaced_presents: dict[int, tuple] = {}
+
+    def sparse_layers(self) -> list[int]:
+        return [i for i in range(self.geometry.num_layers) if i not in self.settings.dense_layers]
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer not in self.settings.dense_layers
+
+    def fail(self, layer: int | None, reason: str) -> str:
+        if layer is not None:
+            self.failures[layer].append(reason)
+        return reason
+
+    def emit_layer(self, op, layer: int, rule: str, query, key, value, key_cache, value_cache, scale: float):
+        """The Quest nodes of one layer; returns (output [B,S,H*D], key_cache_out, value_cache_out).
+
+        ```
+        key --QuestMetadata(past_block_max.l, past_block_min.l)--> block_max', block_min'  (sparse)
+        query --SparseBlockSelect(block_max', block_min')--> block_indices                  (sparse)
+        query, key, value --SparseBlockAttention(key_cache, value_cache, [block_indices])
+                          --> output, key_cache_out, value_cache_out
+        ```
+        """
+        s, g = self.settings, self.geometry
+        heads = dict(num_heads=g.num_heads, kv_num_heads=g.kv_num_heads, block_size=s.block_size)
+        indices = None
+        if self.is_sparse(layer):
+            block_max, block_min = op.QuestMetadata(
+                key, self.block_max[layer], self.block_min[layer], self.past_lens, self.total_lens,
+                block_size=s.block_size, _domain=DOMAIN, _outputs=2)
+            self.metadata_outputs[layer] = (block_max, block_min)
+            select_attributes = dict(top_k=s.top_k, sink_blocks=s.sink_blocks, recent_blocks=s.recent_blocks,
+                                     group_reduce=s.group_reduce)
+            if s.importance_fraction:
+                select_attributes["importance_fraction"] = s.importance_fraction
+            indices = op.SparseBlockSelect(query, block_max, block_min, self.past_lens, self.total_lens,
+                                           **heads, **select_attributes, _domain=DOMAIN)
+        output, key_out, value_out = op.SparseBlockAttention(
+            query, key, value, key_cache, value_cache, self.past_lens, indices, self.total_lens,
+            **heads, scale=float(scale), _domain=DOMAIN, _outputs=3)
+        self.rewritten[layer] = rule
+        return output, key_out, value_out

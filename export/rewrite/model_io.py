@@ -1,0 +1,99 @@
+"""Turn a rewritten graph's I/O into the Quest model I/O (DESIGN section 4).
+
+- inputs: input_ids, past_lens, total_lens, and per layer past_key.l, past_value.l [B,N,C,D]
+  (+ past_block_max.l, past_block_min.l [B,N,M,D] for sparse layers);
+- outputs: logits and present_*.l, each bound in place to its past input by the runtime;
+- RoPE positions come from past_lens (`past_lens[b] + i`), not from a position_ids input;
+- the attention mask input is gone: validity comes from past_lens and total_lens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
+
+from .context import RewriteContext
+
+
+class ExportError(ValueError):
+    """The model cannot be rewritten; the message says which layer or input and why."""
+
+
+def _const(graph_nodes: list, value, dtype) -> ir.Value:
+    node = ir.node("Constant", [], attributes={"value": ir.tensor(np.asarray(value, dtype=dtype))})
+    graph_nodes.append(node)
+    return node.outputs[0]
+
+
+def positions_from_past_lens(graph: ir.Graph, past_lens: ir.Value, input_ids: ir.Value) -> ir.Value:
+    """[B, S] int64 positions `past_lens[b] + i`.
+
+    ```
+    past_lens -Cast(int64)-Unsqueeze(1)--.
+    input_ids -Shape[1:2]-Squeeze-Range(0, S)-Add--> positions
+    ```
+    """
+    nodes: list[ir.Node] = []
+
+    def add(op_type, inputs, **attributes):
+        node = ir.node(op_type, inputs, attributes=attributes)
+        nodes.append(node)
+        return node.outputs[0]
+
+    past = add("Unsqueeze", [add("Cast", [past_lens], to=ir.DataType.INT64), _const(nodes, [1], np.int64)])
+    length = add("Squeeze", [add("Shape", [input_ids], start=1, end=2), _const(nodes, [0], np.int64)])
+    steps = add("Range", [_const(nodes, 0, np.int64), length, _const(nodes, 1, np.int64)])
+    positions = add("Add", [past, steps])
+    positions.name = "quest_positions"
+    graph.extend(nodes)
+    return positions
+
+
+def _retype(value: ir.Value, name: str, dtype: ir.DataType, shape: list) -> None:
+    value.name = name
+    value.type = ir.TensorType(dtype)
+    value.shape = ir.Shape(shape)
+
+
+def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_value: dict,
+              present_key: dict, present_value: dict, drop_inputs: tuple[str, ...]) -> None:
+    """Rename, retype and add the model inputs and outputs after every layer was rewritten.
+
+    `past_key` etc. map layer -> the original graph value; `drop_inputs` are inputs the Quest model
+    no longer takes (they must have no use left once dead nodes are removed).
+    """
+    graph = model.graph
+    g = context.geometry
+    N, D = g.kv_num_heads, g.head_dim
+    cache_shape = [context.batch_dim, N, "capacity", D]
+    meta_shape = [context.batch_dim, N, "num_blocks", D]
+    for layer in range(g.num_layers):
+        _retype(past_key[layer], f"past_key.{layer}", context.kv_dtype, cache_shape)
+        _retype(past_value[layer], f"past_value.{layer}", context.kv_dtype, cache_shape)
+        _retype(present_key[layer], f"present_key.{layer}", context.kv_dtype, cache_shape)
+        _retype(present_value[layer], f"present_value.{layer}", context.kv_dtype, cache_shape)
+    inputs = list(graph.inputs)
+    position_of = {value.name: i for i, value in enumerate(inputs)}
+    after_ids = position_of.get("input_ids", -1) + 1
+    new_inputs = [context.past_lens, context.total_lens]
+    for layer in context.sparse_layers():
+        new_inputs += [context.block_max[layer], context.block_min[layer]]
+        block_max, block_min = context.metadata_outputs[layer]
+        _retype(block_max, f"present_block_max.{layer}", context.kv_dtype, meta_shape)
+        _retype(block_min, f"present_block_min.{layer}", context.kv_dtype, meta_shape)
+        graph.outputs.extend([block_max, block_min])
+    graph.inputs.clear()
+    graph.inputs.extend(inputs[:after_ids] + new_inputs + inputs[after_ids:])
+    common_passes.RemoveUnusedNodesPass()(model)
+    for name in drop_inputs:
+        value = next((v for v in graph.inputs if v.name == name), None)
+        if value is None:
+            continue
+        if value.uses():
+            users = sorted({use.node.name or use.node.op_type for use in value.uses()})[:4]
+            raise ExportError(f"input {name!r} is still used after the rewrite (by {users}); "
+                              "the model computes something the Quest ops do not replace")
+        graph.inputs.remove(value)
+    common_passes.RemoveUnusedNodesPass()(model)
+    graph.sort()

@@ -1,0 +1,38 @@
+"""Token generation over a QuestModel: batched prompts of different lengths, greedy decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .model import QuestModel
+
+
+def prefill(model: QuestModel, prompts: list[list[int]], capacity: int | None = None):
+    """A fresh cache holding the prompts (right-padded into one batch); returns (cache, last logits [B, V])."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    width = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), width), np.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = prompt
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    cache = model.new_cache(len(prompts), capacity)
+    logits = model.step(cache, ids, valid=lengths)
+    return cache, logits[np.arange(len(prompts)), lengths - 1]
+
+
+def greedy(model: QuestModel, prompts: list[list[int]], max_new_tokens: int, capacity: int | None = None,
+           return_logits: bool = False):
+    """Greedy continuation of each prompt: lists of new tokens (and the logits of every step)."""
+    cache, last = prefill(model, prompts, capacity)
+    steps = [last]
+    tokens = [[] for _ in prompts]
+    for step in range(max_new_tokens):
+        chosen = last.argmax(-1)
+        for row, token in enumerate(chosen):
+            tokens[row].append(int(token))
+        if step + 1 == max_new_tokens:
+            break
+        last = model.step(cache, chosen[:, None].astype(np.int64))[:, 0]
+        steps.append(last)
+    return (tokens, steps) if return_logits else tokens

@@ -1,0 +1,106 @@
+"""Run an exported Quest model: one session, caches allocated once at capacity and updated in place.
+
+```python
+model = QuestModel("out/qwen3-quest")
+cache = model.new_cache(batch=2)
+logits = model.step(cache, input_ids, valid=np.array([5, 3]))  # prefill, rows right-padded
+logits = model.step(cache, next_ids[:, None])                    # one decode token per row
+```
+A step feeds `past_lens` (tokens already cached per row) and `total_lens` (valid after the step)
+and binds every present output to its past input's buffer: the ops write only the new tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+import onnxruntime as ort
+
+from ..export.sidecar import Sidecar
+from .binding import InPlaceStep
+from .buffers import cache_buffer
+from .sessions import make_session
+
+
+class CapacityError(ValueError):
+    """A step would write past the cache capacity; nothing was run or written."""
+
+
+@dataclasses.dataclass
+class KVCache:
+    """The caches of one batch: per layer key/value [B,N,C,D] and, for sparse layers, block max/min."""
+
+    capacity: int
+    lengths: np.ndarray  # [B] int32: tokens cached per row
+    buffers: dict[str, np.ndarray]  # past input name -> its array (the OrtValue below wraps it)
+    values: dict[str, ort.OrtValue]
+
+    @property
+    def batch(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def reset(self) -> None:
+        """Forget every row's tokens (the buffers stay allocated; stale content is never read)."""
+        self.lengths[:] = 0
+
+
+class QuestModel:
+    def __init__(self, directory, *, threads: int | None = None, providers=None):
+        self.directory = pathlib.Path(directory)
+        self.sidecar = Sidecar.read(self.directory)
+        model_path = self.directory / self.sidecar.model_file
+        self.session = make_session(str(model_path), threads=threads, providers=providers)
+        aliases = {}
+        for layer in self.sidecar.layers:
+            aliases[layer.present_key] = layer.past_key
+            aliases[layer.present_value] = layer.past_value
+            if layer.sparse:
+                aliases[layer.present_block_max] = layer.past_block_max
+                aliases[layer.present_block_min] = layer.past_block_min
+        self._step = InPlaceStep(self.session, aliases)
+        self._kv_dtype = np.dtype(self.sidecar.kv_dtype)
+
+    def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
+        """Allocate every cache of a batch once, at `capacity` tokens (default: the sidecar's)."""
+        s = self.sidecar
+        capacity = int(capacity or s.capacity)
+        if capacity < 1 or batch < 1:
+            raise ValueError(f"batch and capacity must be positive, got {batch} and {capacity}")
+        blocks = -(-capacity // s.block_size)
+        buffers = {}
+        for layer in s.layers:
+            for name in (layer.past_key, layer.past_value):
+                buffers[name] = cache_buffer((batch, s.kv_num_heads, capacity, s.head_dim), self._kv_dtype)
+            if layer.sparse:
+                for name in (layer.past_block_max, layer.past_block_min):
+                    buffers[name] = cache_buffer((batch, s.kv_num_heads, blocks, s.head_dim), self._kv_dtype)
+        values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in buffers.items()}
+        return KVCache(capacity, np.zeros(batch, np.int32), buffers, values)
+
+    def step(self, cache: KVCache, input_ids: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+        """Run one prefill or decode step; returns logits [B, S, vocab].
+
+        `input_ids` [B, S]; row b holds `valid[b]` real tokens followed by padding (default: all S).
+        Raises CapacityError, before anything runs, when a row would pass the capacity.
+        """
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        if input_ids.ndim != 2 or input_ids.shape[0] != cache.batch:
+            raise ValueError(f"input_ids must be [batch={cache.batch}, S], got shape {input_ids.shape}")
+        new_tokens = input_ids.shape[1]
+        valid = np.full(cache.batch, new_tokens, np.int32) if valid is None else np.asarray(valid, np.int32)
+        if valid.shape != (cache.batch,) or (valid < 0).any() or (valid > new_tokens).any():
+            raise ValueError(f"valid must hold {cache.batch} counts in [0, {new_tokens}], got {valid.tolist()}")
+        total = cache.lengths + valid
+        if (total > cache.capacity).any():
+            row = int(np.argmax(total > cache.capacity))
+            raise CapacityError(
+                f"row {row} would hold {int(total[row])} tokens, past the cache capacity {cache.capacity}; "
+                "nothing was written")
+        names = self.sidecar.inputs
+        feeds = {names["input_ids"]: input_ids, names["past_lens"]: cache.lengths.copy(),
+                 names["total_lens"]: total.astype(np.int32), **cache.values}
+        outputs = self._step.run(feeds)
+        cache.lengths[:] = total
+        return outputs[self.sidecar.outputs["logits"]]
