@@ -39,6 +39,8 @@ def _fraction(text: str) -> float:
 
 def parser() -> argparse.ArgumentParser:
     families = "\n".join(f"  {name:<7} {family.description}" for name, family in FAMILIES.items())
+    families += ("\n  onnx    an already exported model.onnx: GroupQueryAttention (ONNX Runtime GenAI) or "
+                 "opset-23 Attention graphs, or an optimum export (--model is the .onnx file)")
     p = argparse.ArgumentParser(
         prog="export-sparse",
         description="Export a Hugging Face causal LM to ONNX with every attention layer rewritten into "
@@ -47,7 +49,8 @@ def parser() -> argparse.ArgumentParser:
         "quest_model.json (what the runtime needs) and the tokenizer when the source has one.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("family", choices=sorted(FAMILIES), help="model family (decides which rewrite rules apply)")
+    p.add_argument("family", choices=sorted(FAMILIES) + ["onnx"],
+                   help="model family (decides the default model and which rewrite rules apply)")
     p.add_argument("--model", help="local Hugging Face folder, a .gguf file, or a hub id (needs a network); "
                    "default: a small model of the family with deterministic random weights")
     p.add_argument("--k", type=_positive, required=True, help="selection budget in blocks per KV head (top_k)")
@@ -77,7 +80,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.sink < 0 or args.recent < 0:
         parser().error("--sink and --recent must be >= 0")
-    from .pipeline import export_sparse
+    from .pipeline import export_sparse, rewrite_onnx
 
     settings = SparseSettings(
         top_k=args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,
@@ -86,8 +89,14 @@ def main(argv=None) -> int:
     )
     output = args.output or pathlib.Path(f"{args.family}-quest-k{args.k}")
     try:
-        report = export_sparse(args.family, output=output, settings=settings, model=args.model,
-                               capacity=args.capacity, overwrite=args.overwrite, validate=not args.no_validate)
+        if args.family == "onnx":
+            if not args.model:
+                parser().error("family onnx needs --model path/to/model.onnx")
+            report = rewrite_onnx(pathlib.Path(args.model), output=output, settings=settings,
+                                  capacity=args.capacity or 8192, overwrite=args.overwrite)
+        else:
+            report = export_sparse(args.family, output=output, settings=settings, model=args.model,
+                                   capacity=args.capacity, overwrite=args.overwrite, validate=not args.no_validate)
     except (ExportError, FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"\nexport-sparse: error: {error}", file=sys.stderr)
         return 1

@@ -107,14 +107,9 @@ def export_sparse(
 
     if family not in FAMILIES:
         raise ExportError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
-    output = pathlib.Path(output).resolve()
-    if output.exists() and any(output.iterdir()) and not overwrite:
-        raise ExportError(f"{output} exists and is not empty (pass --overwrite to replace it)")
-    if model is not None and pathlib.Path(model).exists() and pathlib.Path(model).resolve() in (output, *output.parents):
-        raise ExportError("the output folder may not be the input model's folder or inside it")
+    output = _prepare_output(output, overwrite, [pathlib.Path(model)] if model and pathlib.Path(model).exists() else [])
     begin = time.perf_counter()
     progress = Progress(5 if validate else 4, log)
-    output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".quest-export-", dir=output.parent) as work_name:
         work = pathlib.Path(work_name)
         fam = FAMILIES[family]
@@ -141,42 +136,113 @@ def export_sparse(
         onnx_model = ir.load(optimum_path)
         counts = rewrite_attention(onnx_model, settings, geometry)
         progress.step("checking and saving")
-        staged = work / "out"
-        staged.mkdir()
-        ir.save(onnx_model, staged / MODEL_FILE, external_data=MODEL_FILE + ".data")
-        import onnx
-
-        check_model_path(staged / MODEL_FILE)
         capacity = int(capacity or min(config.get("max_position_embeddings", 8192), 8192))
-        sidecar = Sidecar(
-            model_file=MODEL_FILE, family=family, source=source, num_layers=geometry.num_layers,
-            num_heads=geometry.num_heads, kv_num_heads=geometry.kv_num_heads, head_dim=geometry.head_dim,
-            vocab_size=int(config["vocab_size"]), activation_dtype="float32",
-            kv_dtype=settings.kv_dtype or "float32", capacity=capacity, block_size=settings.block_size,
-            top_k=settings.top_k, sink_blocks=settings.sink_blocks, recent_blocks=settings.recent_blocks,
-            group_reduce=settings.group_reduce, importance_fraction=settings.importance_fraction,
-            sparse_layers=counts["sparse_layers"], dense_layers=counts["dense_layers"],
-            layers=[Sidecar.layer_io(layer, layer in counts["sparse_layers"]) for layer in range(geometry.num_layers)],
-            eos_token_ids=_eos_ids(checkpoint),
-            exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "opset": 18,
-                      "rules": sorted(set(counts["layers"].values()))},
-        )
-        copied = [name for name in TOKENIZER_FILES if (checkpoint / name).is_file()]
-        if copied:
-            (staged / "tokenizer").mkdir()
-            for name in copied:
-                shutil.copy2(checkpoint / name, staged / "tokenizer" / name)
-            sidecar.tokenizer = "tokenizer"
-        sidecar.write(staged)
+        staged, sidecar = _save(onnx_model, work, counts, geometry, settings, family, source, capacity,
+                                int(config["vocab_size"]), eos=_eos_ids(checkpoint), tokenizer_from=checkpoint)
         difference = None
         if validate:
             progress.step("validating against the optimum model on a short prompt")
             difference = _validate(optimum_path, staged, geometry, int(config["vocab_size"]), sidecar.kv_dtype)
         progress.done()
-        if output.exists():
-            shutil.rmtree(output)
-        staged.rename(output)
+        _place(staged, output)
     return ExportReport(output, counts, difference, time.perf_counter() - begin)
+
+
+def _save(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, settings: SparseSettings, family: str,
+          source: str, capacity: int, vocab: int, eos: list[int], tokenizer_from: pathlib.Path | None):
+    """Save the rewritten model under fresh file names with its sidecar (and tokenizer files)."""
+    import onnx
+    import onnx_ir as ir
+
+    staged = work / "out"
+    staged.mkdir()
+    ir.save(onnx_model, staged / MODEL_FILE, external_data=MODEL_FILE + ".data")
+    check_model_path(staged / MODEL_FILE)
+    sidecar = Sidecar(
+        model_file=MODEL_FILE, family=family, source=source, num_layers=geometry.num_layers,
+        num_heads=geometry.num_heads, kv_num_heads=geometry.kv_num_heads, head_dim=geometry.head_dim,
+        vocab_size=vocab, activation_dtype="float32", kv_dtype=settings.kv_dtype or "float32",
+        capacity=capacity, block_size=settings.block_size, top_k=settings.top_k,
+        sink_blocks=settings.sink_blocks, recent_blocks=settings.recent_blocks, group_reduce=settings.group_reduce,
+        importance_fraction=settings.importance_fraction, sparse_layers=counts["sparse_layers"],
+        dense_layers=counts["dense_layers"],
+        layers=[Sidecar.layer_io(layer, layer in counts["sparse_layers"]) for layer in range(geometry.num_layers)],
+        eos_token_ids=eos,
+        exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "input_kind": counts["kind"],
+                  "rules": sorted(set(counts["layers"].values()))},
+    )
+    copied = [name for name in TOKENIZER_FILES if tokenizer_from and (tokenizer_from / name).is_file()]
+    if copied:
+        (staged / "tokenizer").mkdir()
+        for name in copied:
+            shutil.copy2(tokenizer_from / name, staged / "tokenizer" / name)
+        sidecar.tokenizer = "tokenizer"
+    sidecar.write(staged)
+    return staged, sidecar
+
+
+def _place(staged: pathlib.Path, output: pathlib.Path) -> None:
+    if output.exists():
+        shutil.rmtree(output)
+    staged.rename(output)
+
+
+def _prepare_output(output: pathlib.Path, overwrite: bool, inputs: list[pathlib.Path]) -> pathlib.Path:
+    output = pathlib.Path(output).resolve()
+    if output.exists() and any(output.iterdir()) and not overwrite:
+        raise ExportError(f"{output} exists and is not empty (pass --overwrite to replace it)")
+    for source in inputs:
+        source = source.resolve()
+        folder = source if source.is_dir() else source.parent
+        if output == folder or folder in output.parents or output in folder.parents:
+            raise ExportError(f"the output folder {output} may not contain or be inside the input's folder {folder}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    return output
+
+
+def rewrite_onnx(
+    model_path: pathlib.Path,
+    *,
+    output: pathlib.Path,
+    settings: SparseSettings,
+    capacity: int = 8192,
+    overwrite: bool = False,
+    log=print,
+) -> ExportReport:
+    """Rewrite an already exported ONNX model (GroupQueryAttention or opset-23 Attention graphs, or
+    an optimum export) into a Quest model folder; the input's files are only read."""
+    import onnx_ir as ir
+
+    from .rewrite import geometry_from_graph
+    from .safety import check_external_data
+
+    model_path = pathlib.Path(model_path)
+    if not model_path.is_file():
+        raise FileNotFoundError(f"--model {model_path}: no such ONNX file")
+    output = _prepare_output(output, overwrite, [model_path])
+    begin = time.perf_counter()
+    progress = Progress(3, log)
+    with tempfile.TemporaryDirectory(prefix=".quest-export-", dir=output.parent) as work_name:
+        work = pathlib.Path(work_name)
+        progress.step(f"checking and loading {model_path.name}")
+        check_external_data(model_path)
+        onnx_model = ir.load(model_path)
+        geometry = geometry_from_graph(onnx_model)
+        dense = tuple(layer for layer in settings.dense_layers if layer < geometry.num_layers)
+        settings = dataclasses.replace(settings, dense_layers=dense)
+        progress.step(f"rewriting {geometry.num_layers} attention layers into Quest ops")
+        counts = rewrite_attention(onnx_model, settings, geometry)
+        logits = next((v for v in onnx_model.graph.outputs if v.name == "logits"), None)
+        vocab = logits.shape[-1] if logits is not None and logits.shape is not None else None
+        if not isinstance(vocab, int):
+            raise ExportError("the model has no logits output with a known vocabulary size")
+        progress.step("checking and saving")
+        folder = model_path.parent
+        staged, _ = _save(onnx_model, work, counts, geometry, settings, "onnx", str(model_path), capacity, vocab,
+                          eos=_eos_ids(folder), tokenizer_from=folder)
+        progress.done()
+        _place(staged, output)
+    return ExportReport(output, counts, None, time.perf_counter() - begin)
 
 
 def check_model_path(path: pathlib.Path) -> None:

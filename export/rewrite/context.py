@@ -59,10 +59,15 @@ class RewriteContext:
             self.block_max[layer] = input_value(f"past_block_max.{layer}", self.kv_dtype, shape)
             self.block_min[layer] = input_value(f"past_block_min.{layer}", self.kv_dtype, shape)
         self.rewritten: dict[int, str] = {}  # layer -> rule name
+        self.cache_inputs: dict[int, int] = {}  # id(past key or value input) -> layer
+        self.positions: ir.Value | None = None  # [B, S] int64 past_lens + i, for rules that apply RoPE
         self.failures: dict[int, list[str]] = collections.defaultdict(list)
         self.metadata_outputs: dict[int, tuple[ir.Value, ir.Value]] = {}
         # layer -> ((old present key, new key cache), (old present value, new value cache))
         self.replaced_presents: dict[int, tuple] = {}
+
+    def layer_of(self, past: ir.Value | None) -> int | None:
+        return None if past is None else self.cache_inputs.get(id(past))
 
     def sparse_layers(self) -> list[int]:
         return [i for i in range(self.geometry.num_layers) if i not in self.settings.dense_layers]
@@ -75,7 +80,8 @@ class RewriteContext:
             self.failures[layer].append(reason)
         return reason
 
-    def emit_layer(self, op, layer: int, rule: str, query, key, value, key_cache, value_cache, scale: float):
+    def emit_layer(self, op, layer: int, rule: str, query, key, value, key_cache, value_cache, scale: float,
+                   softcap: float = 0.0):
         """The Quest nodes of one layer; returns (output [B,S,H*D], key_cache_out, value_cache_out).
 
         ```
@@ -101,6 +107,6 @@ class RewriteContext:
                                            **heads, **select_attributes, _domain=DOMAIN)
         output, key_out, value_out = op.SparseBlockAttention(
             query, key, value, key_cache, value_cache, self.past_lens, indices, self.total_lens,
-            **heads, scale=float(scale), _domain=DOMAIN, _outputs=3)
+            **heads, scale=float(scale), softcap=float(softcap), _domain=DOMAIN, _outputs=3)
         self.rewritten[layer] = rule
         return output, key_out, value_out

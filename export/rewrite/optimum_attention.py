@@ -15,13 +15,8 @@ becomes the layer's Quest nodes with scale s1 * s2 (RewriteContext.emit_layer).
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 from onnxscript.rewriter import pattern
-
-_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
-
 
 def _repeat_kv(op, x):
     expanded = op.Expand(op.Unsqueeze(x, _allow_other_inputs=True), _allow_other_inputs=True)
@@ -61,14 +56,11 @@ class OptimumAttention(pattern.RewriteRuleClassBase):
         if any(node.attributes.get_int("axis", 0) not in (-2, 2) for node in concats):
             return result.fail("the past/new Concat is not along the sequence axis")
         (past_key, k), (past_value, v) = (node.inputs for node in concats)
-        key_name, value_name = _PAST.match(past_key.name or ""), _PAST.match(past_value.name or "")
-        if not key_name or key_name.group(2) != "key":
-            return result.fail(f"the key concat's past input is {past_key.name!r}, not past_key_values.<l>.key")
-        layer = int(key_name.group(1))
-        if not value_name or value_name.group(2) != "value" or int(value_name.group(1)) != layer:
+        layer = self.context.layer_of(past_key)
+        if layer is None:
+            return result.fail(f"the key concat's past input {past_key.name!r} is not a cache input")
+        if self.context.layer_of(past_value) != layer:
             return result.fail(self.context.fail(layer, f"the value concat reads {past_value.name!r}"))
-        if not past_key.is_graph_input() or not past_value.is_graph_input():
-            return result.fail(self.context.fail(layer, "the past key/value are not graph inputs"))
         scales = _scalar(s1), _scalar(s2)
         if None in scales:
             return result.fail(self.context.fail(layer, "the logit scale factors are not scalar constants"))

@@ -1,0 +1,86 @@
+"""Tiny models for the graph-level tests: checkpoints, their optimum graphs and Quest exports.
+
+Built once per test session in a temporary folder (no binary model is committed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import pathlib
+import tempfile
+
+import numpy as np
+
+from quest_ort.export.families import FAMILIES, build_default_model
+from quest_ort.export.pipeline import export_sparse, optimum_export
+from quest_ort.export.rewrite import SparseSettings
+
+# Small enough to export in a second; odd head grouping (G = 3) on the Llama side.
+TINY = {
+    "qwen3": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "llama": dict(vocab_size=256, hidden_size=96, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=6, num_key_value_heads=2, head_dim=16),
+}
+_ROOT = pathlib.Path(tempfile.mkdtemp(prefix="quest-export-tests-"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyModel:
+    family: str
+    checkpoint: pathlib.Path
+    optimum: pathlib.Path  # the optimum ONNX model file
+    config: dict
+
+
+@functools.cache
+def tiny_model(family: str) -> TinyModel:
+    folder = _ROOT / family
+    model = build_default_model(FAMILIES[family], folder / "checkpoint", **TINY[family])
+    optimum = optimum_export(folder / "checkpoint", folder / "optimum")
+    return TinyModel(family, folder / "checkpoint", optimum, model.config.to_dict())
+
+
+@functools.cache
+def quest_export(family: str, top_k: int, block_size: int = 16, kv_dtype: str = "float32",
+                 dense_layers: tuple[int, ...] = (0,)) -> pathlib.Path:
+    tiny = tiny_model(family)
+    output = _ROOT / f"{family}-k{top_k}-p{block_size}-{kv_dtype}-d{'_'.join(map(str, dense_layers))}"
+    settings = SparseSettings(top_k=top_k, block_size=block_size, dense_layers=dense_layers, kv_dtype=kv_dtype)
+    export_sparse(family, output=output, settings=settings, model=str(tiny.checkpoint), capacity=512,
+                  log=lambda *a, **k: None)
+    return output
+
+
+class OptimumRunner:
+    """Runs the original optimum graph step by step with a growing (concatenated) cache."""
+
+    def __init__(self, tiny: TinyModel):
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(str(tiny.optimum), providers=["CPUExecutionProvider"])
+        self.layers = tiny.config["num_hidden_layers"]
+        self.kv_heads = tiny.config["num_key_value_heads"]
+        self.head_dim = tiny.config["head_dim"]
+        self.inputs = {i.name for i in self.session.get_inputs()}
+
+    def run(self, tokens: list[int], steps_after_prompt: list[int]) -> list[np.ndarray]:
+        """Logits of the prompt's last position, then of each forced next token (batch 1)."""
+        past = {f"past_key_values.{l}.{kind}": np.zeros((1, self.kv_heads, 0, self.head_dim), np.float32)
+                for l in range(self.layers) for kind in ("key", "value")}
+        outputs = [o.name for o in self.session.get_outputs()]
+        results = []
+        position = 0
+        chunks = [tokens] + [[t] for t in steps_after_prompt]
+        for chunk in chunks:
+            ids = np.array([chunk], np.int64)
+            feeds = {"input_ids": ids, "attention_mask": np.ones((1, position + len(chunk)), np.int64),
+                     "position_ids": np.arange(position, position + len(chunk))[None], **past}
+            values = dict(zip(outputs, self.session.run(None, {k: v for k, v in feeds.items() if k in self.inputs})))
+            results.append(values["logits"][0, -1])
+            for l in range(self.layers):
+                past[f"past_key_values.{l}.key"] = values[f"present.{l}.key"]
+                past[f"past_key_values.{l}.value"] = values[f"present.{l}.value"]
+            position += len(chunk)
+        return results
