@@ -67,12 +67,13 @@ def _with_select_outputs(path) -> onnx.ModelProto:
     return model
 
 
-def test_small_budget_selects_what_the_reference_selects():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_small_budget_selects_what_the_reference_selects(family):
     from quest_ort.export.sidecar import Sidecar
     from quest_ort.runtime.binding import InPlaceStep
     from quest_ort.runtime.sessions import make_session
 
-    folder = quest_export("qwen3", top_k=3, block_size=16, dense_layers=(0,))
+    folder = quest_export(family, top_k=3, block_size=16, dense_layers=(0,))
     sidecar = Sidecar.read(folder)
     model = QuestModel(folder, threads=1)
     probe = make_session(_with_select_outputs(folder), threads=1)
@@ -111,9 +112,10 @@ def test_small_budget_selects_what_the_reference_selects():
     assert checked == 8
 
 
-def test_float16_kv_stays_close_to_float32():
-    tiny = tiny_model("qwen3")
-    model = QuestModel(quest_export("qwen3", top_k=64, kv_dtype="float16"), threads=1)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float16_kv_stays_close_to_float32(family):
+    tiny = tiny_model(family)
+    model = QuestModel(quest_export(family, top_k=64, kv_dtype="float16"), threads=1)
     assert model.sidecar.kv_dtype == "float16"
     prompt = _prompt(5)
     tokens, logits = greedy(model, [prompt], DECODE, return_logits=True)
