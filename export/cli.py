@@ -69,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
                    "(default: the model's context, at most 8192)")
     p.add_argument("--kv-dtype", choices=("float32", "float16"), default="float32",
                    help="storage type of the KV caches and metadata (default float32)")
+    p.add_argument("--attention", choices=("quest", "gqa"), default="quest",
+                   help="quest (default), or gqa: the dense baseline with ONNX Runtime's GroupQueryAttention "
+                   "over the same in-place caches and I/O, for side-by-side comparisons")
     p.add_argument("-o", "--output", type=pathlib.Path, default=None,
                    help="output folder (default: <family>-quest-k<K>)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
@@ -85,9 +88,9 @@ def main(argv=None) -> int:
     settings = SparseSettings(
         top_k=args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,
         group_reduce=args.group_reduce, importance_fraction=args.importance_fraction,
-        dense_layers=args.dense_layers, kv_dtype=args.kv_dtype,
+        dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, attention=args.attention,
     )
-    output = args.output or pathlib.Path(f"{args.family}-quest-k{args.k}")
+    output = args.output or pathlib.Path(f"{args.family}-{args.attention}-k{args.k}")
     try:
         if args.family == "onnx":
             if not args.model:

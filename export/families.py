@@ -24,7 +24,7 @@ FAMILIES = {
         name="qwen3",
         model_type="qwen3",
         default_config=dict(
-            vocab_size=8192, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+            vocab_size=8192, hidden_size=512, intermediate_size=1024, num_hidden_layers=8,
             num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=32768,
             rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
         ),

@@ -81,8 +81,10 @@ def optimum_export(checkpoint: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
+            # no_post_process: optimum's weight de-duplication serialises the whole model in one
+            # protobuf, which fails past 2 GB (and may merge equal norm weights); nothing else needs it.
             main_export(str(checkpoint), output=str(out), task="text-generation-with-past", opset=18,
-                        do_validation=False, device="cpu")
+                        do_validation=False, device="cpu", no_post_process=True)
     finally:
         transformers.logging.set_verbosity(verbosity)
         quiet.setLevel(level)
@@ -156,6 +158,7 @@ def _save(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, sett
 
     staged = work / "out"
     staged.mkdir()
+    _load_external_constants(onnx_model)
     ir.save(onnx_model, staged / MODEL_FILE, external_data=MODEL_FILE + ".data")
     check_model_path(staged / MODEL_FILE)
     sidecar = Sidecar(
@@ -167,7 +170,7 @@ def _save(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, sett
         importance_fraction=settings.importance_fraction, sparse_layers=counts["sparse_layers"],
         dense_layers=counts["dense_layers"],
         layers=[Sidecar.layer_io(layer, layer in counts["sparse_layers"]) for layer in range(geometry.num_layers)],
-        eos_token_ids=eos,
+        eos_token_ids=eos, attention=settings.attention,
         exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "input_kind": counts["kind"],
                   "rules": sorted(set(counts["layers"].values()))},
     )
@@ -179,6 +182,18 @@ def _save(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, sett
         sidecar.tokenizer = "tokenizer"
     sidecar.write(staged)
     return staged, sidecar
+
+
+def _load_external_constants(onnx_model) -> None:
+    """Constant nodes whose tensor the exporter stored as external data get it in memory, so that
+    no tensor of the output keeps pointing at the input's data files (initializers are re-written
+    into our own data file by ir.save)."""
+    import onnx_ir as ir
+
+    for node in ir.traversal.RecursiveGraphIterator(onnx_model.graph):
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.TENSOR and isinstance(attribute.value, ir.ExternalTensor):
+                node.attributes[attribute.name] = ir.AttrTensor(attribute.name, ir.tensor(attribute.value.numpy()))
 
 
 def _place(staged: pathlib.Path, output: pathlib.Path) -> None:

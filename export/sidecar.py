@@ -56,6 +56,7 @@ class Sidecar:
     outputs: dict = dataclasses.field(default_factory=lambda: {"logits": "logits"})
     eos_token_ids: list[int] = dataclasses.field(default_factory=list)
     tokenizer: str | None = None  # a folder next to the model, relative, when the source had one
+    attention: str = "quest"  # "quest", or "gqa" for the dense GroupQueryAttention baseline
     exporter: dict = dataclasses.field(default_factory=dict)
     format: str = FORMAT
 

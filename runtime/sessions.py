@@ -27,11 +27,14 @@ def make_session(model, *, threads: int | None = None, register_library: bool = 
     """
     serialized = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
     try:
-        return ort.InferenceSession(
+        session = ort.InferenceSession(
             serialized,
             session_options(threads=threads, register_library=register_library),
             providers=providers or ["CPUExecutionProvider"],
         )
+        # No silent re-creation of the session after a failed run: errors surface as they are.
+        session.disable_fallback()
+        return session
     except Exception as ort_error:
         if isinstance(model, onnx.ModelProto):
             try:

@@ -54,33 +54,16 @@ def quest_export(family: str, top_k: int, block_size: int = 16, kv_dtype: str = 
 
 
 class OptimumRunner:
-    """Runs the original optimum graph step by step with a growing (concatenated) cache."""
+    """Logits of the original optimum graph: the prompt's last position, then each forced token."""
 
     def __init__(self, tiny: TinyModel):
-        import onnxruntime as ort
+        from quest_ort.runtime.dense import OptimumModel
 
-        self.session = ort.InferenceSession(str(tiny.optimum), providers=["CPUExecutionProvider"])
-        self.layers = tiny.config["num_hidden_layers"]
-        self.kv_heads = tiny.config["num_key_value_heads"]
-        self.head_dim = tiny.config["head_dim"]
-        self.inputs = {i.name for i in self.session.get_inputs()}
+        self.model = OptimumModel(tiny.optimum, threads=1)
 
     def run(self, tokens: list[int], steps_after_prompt: list[int]) -> list[np.ndarray]:
-        """Logits of the prompt's last position, then of each forced next token (batch 1)."""
-        past = {f"past_key_values.{l}.{kind}": np.zeros((1, self.kv_heads, 0, self.head_dim), np.float32)
-                for l in range(self.layers) for kind in ("key", "value")}
-        outputs = [o.name for o in self.session.get_outputs()]
-        results = []
-        position = 0
-        chunks = [tokens] + [[t] for t in steps_after_prompt]
-        for chunk in chunks:
-            ids = np.array([chunk], np.int64)
-            feeds = {"input_ids": ids, "attention_mask": np.ones((1, position + len(chunk)), np.int64),
-                     "position_ids": np.arange(position, position + len(chunk))[None], **past}
-            values = dict(zip(outputs, self.session.run(None, {k: v for k, v in feeds.items() if k in self.inputs})))
-            results.append(values["logits"][0, -1])
-            for l in range(self.layers):
-                past[f"past_key_values.{l}.key"] = values[f"present.{l}.key"]
-                past[f"past_key_values.{l}.value"] = values[f"present.{l}.value"]
-            position += len(chunk)
+        cache = self.model.new_cache(1)
+        results = [self.model.step(cache, np.array([tokens]))[0, -1]]
+        for token in steps_after_prompt:
+            results.append(self.model.step(cache, np.array([[token]]))[0, -1])
         return results

@@ -118,5 +118,6 @@ def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geome
     past_value = {slot.index: slot.past_value for slot in slots}
     finish_io(model, context, past_key, past_value, present_key, present_value,
               drop_inputs=("attention_mask", "position_ids"))
+    sparse = context.sparse_layers()
     return {"kind": kind, "rewritten": count, "layers": dict(sorted(context.rewritten.items())),
-            "sparse_layers": context.sparse_layers(), "dense_layers": sorted(settings.dense_layers)}
+            "sparse_layers": sparse, "dense_layers": [slot.index for slot in slots if slot.index not in sparse]}

@@ -21,6 +21,9 @@ class SparseSettings:
     importance_fraction: float = 0.0
     dense_layers: tuple[int, ...] = (0, 1)
     kv_dtype: str | None = None  # None: the model's activation dtype
+    # "quest": the Quest ops; "gqa": the dense baseline, com.microsoft.GroupQueryAttention over the
+    # same in-place caches and model I/O (for side-by-side comparisons in one runtime)
+    attention: str = "quest"
 
 
 @dataclasses.dataclass
@@ -61,6 +64,7 @@ class RewriteContext:
         self.rewritten: dict[int, str] = {}  # layer -> rule name
         self.cache_inputs: dict[int, int] = {}  # id(past key or value input) -> layer
         self.positions: ir.Value | None = None  # [B, S] int64 past_lens + i, for rules that apply RoPE
+        self._gqa_lengths = None  # (seqlens_k, total_sequence_length), shared by the GQA layers
         self.failures: dict[int, list[str]] = collections.defaultdict(list)
         self.metadata_outputs: dict[int, tuple[ir.Value, ir.Value]] = {}
         # layer -> ((old present key, new key cache), (old present value, new value cache))
@@ -70,10 +74,12 @@ class RewriteContext:
         return None if past is None else self.cache_inputs.get(id(past))
 
     def sparse_layers(self) -> list[int]:
+        if self.settings.attention != "quest":
+            return []
         return [i for i in range(self.geometry.num_layers) if i not in self.settings.dense_layers]
 
     def is_sparse(self, layer: int) -> bool:
-        return layer not in self.settings.dense_layers
+        return layer in self.sparse_layers()
 
     def fail(self, layer: int | None, reason: str) -> str:
         if layer is not None:
@@ -92,6 +98,8 @@ class RewriteContext:
         ```
         """
         s, g = self.settings, self.geometry
+        if s.attention == "gqa":
+            return self._emit_gqa(op, layer, rule, query, key, value, key_cache, value_cache, scale, softcap)
         heads = dict(num_heads=g.num_heads, kv_num_heads=g.kv_num_heads, block_size=s.block_size)
         indices = None
         if self.is_sparse(layer):
@@ -108,5 +116,36 @@ class RewriteContext:
         output, key_out, value_out = op.SparseBlockAttention(
             query, key, value, key_cache, value_cache, self.past_lens, indices, self.total_lens,
             **heads, scale=float(scale), softcap=float(softcap), _domain=DOMAIN, _outputs=3)
+        self.rewritten[layer] = rule
+        return output, key_out, value_out
+
+    def _emit_gqa(self, op, layer, rule, query, key, value, key_cache, value_cache, scale, softcap):
+        """The dense baseline: ONNX Runtime's GroupQueryAttention over the shared past/present buffer.
+
+        ```
+        query [B,H,S,D] -Transpose(0,2,1,3)-Reshape[0,0,H*D]-.        (key, value likewise)
+        total_lens -Sub(1)--> seqlens_k;  ReduceMax(total_lens) --> total_sequence_length
+        GroupQueryAttention(q, k, v, key_cache, value_cache, seqlens_k, total) --> output, caches
+        ```
+        """
+        import numpy as np
+
+        g = self.geometry
+
+        def flat(x, heads):
+            shape = op.Constant(value=ir.tensor(np.array([0, 0, heads * g.head_dim], np.int64)))
+            return op.Reshape(op.Transpose(x, perm=[0, 2, 1, 3]), shape)
+
+        if self._gqa_lengths is None:
+            one = op.Constant(value=ir.tensor(np.array(1, np.int32)))
+            self._gqa_lengths = (op.Sub(self.total_lens, one), op.ReduceMax(self.total_lens, keepdims=0))
+        seqlens, total = self._gqa_lengths
+        cast = (lambda x: op.Cast(x, to=self.kv_dtype)) if self.kv_dtype != g.activation_dtype else (lambda x: x)
+        output, key_out, value_out = op.GroupQueryAttention(
+            cast(flat(query, g.num_heads)), cast(flat(key, g.kv_num_heads)), cast(flat(value, g.kv_num_heads)),
+            key_cache, value_cache, seqlens, total, num_heads=g.num_heads, kv_num_heads=g.kv_num_heads,
+            scale=float(scale), softcap=float(softcap), _domain="com.microsoft", _outputs=3)
+        if self.kv_dtype != g.activation_dtype:
+            output = op.Cast(output, to=g.activation_dtype)
         self.rewritten[layer] = rule
         return output, key_out, value_out

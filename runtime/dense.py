@@ -1,0 +1,62 @@
+"""The dense reference runner: an optimum-exported graph (decomposed attention, caches that grow by
+concatenation), behind the same new_cache/step interface as QuestModel, so generation and
+comparisons take either."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+import onnxruntime as ort
+
+from .model import CapacityError
+
+
+@dataclasses.dataclass
+class GrowingCache:
+    capacity: int
+    lengths: np.ndarray  # [B] int32: valid tokens per row
+    mask: np.ndarray  # [B, T] int64: which of the T cached slots are real tokens
+    past: dict[str, np.ndarray]
+
+    @property
+    def batch(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def reset(self) -> None:
+        self.lengths[:] = 0
+        self.mask = self.mask[:, :0]
+        self.past = {name: value[:, :, :0] for name, value in self.past.items()}
+
+
+class OptimumModel:
+    def __init__(self, model_path, *, threads: int | None = None):
+        options = ort.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(pathlib.Path(model_path)), options, providers=["CPUExecutionProvider"])
+        self.input_names = {i.name for i in self.session.get_inputs()}
+        self.past_inputs = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+
+    def new_cache(self, batch: int, capacity: int | None = None) -> GrowingCache:
+        past = {i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), np.float32) for i in self.past_inputs}
+        return GrowingCache(int(capacity or 2**31 - 1), np.zeros(batch, np.int32), np.zeros((batch, 0), np.int64), past)
+
+    def step(self, cache: GrowingCache, input_ids: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+        input_ids = np.asarray(input_ids, np.int64)
+        batch, new_tokens = input_ids.shape
+        valid = np.full(batch, new_tokens, np.int32) if valid is None else np.asarray(valid, np.int32)
+        if (cache.lengths + valid > cache.capacity).any():
+            raise CapacityError(f"a row would pass the capacity {cache.capacity}; nothing was written")
+        fresh = (np.arange(new_tokens)[None, :] < valid[:, None]).astype(np.int64)
+        mask = np.concatenate([cache.mask, fresh], axis=1)
+        positions = cache.lengths[:, None].astype(np.int64) + np.arange(new_tokens)[None, :]
+        feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions, **cache.past}
+        values = dict(zip(self.outputs, self.session.run(None, {k: v for k, v in feeds.items() if k in self.input_names})))
+        for name in cache.past:
+            cache.past[name] = values[name.replace("past_key_values.", "present.")]
+        cache.mask = mask
+        cache.lengths += valid
+        return values["logits"]

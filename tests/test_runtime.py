@@ -1,0 +1,111 @@
+"""The runtime: generation (greedy, seeded sampling, stop tokens, streaming, batches), cache reuse,
+capacity errors, and the dense GroupQueryAttention baseline of the same model."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from export_models import _ROOT, quest_export, tiny_model
+from quest_ort.export.pipeline import export_sparse
+from quest_ort.export.rewrite import SparseSettings
+from quest_ort.runtime.compare import compare
+from quest_ort.runtime.generate import Generator, Sampling, greedy
+from quest_ort.runtime.model import CapacityError, QuestModel
+
+
+@functools.cache
+def _quest(top_k=64):
+    return QuestModel(quest_export("qwen3", top_k=top_k), threads=1)
+
+
+@functools.cache
+def _gqa():
+    output = _ROOT / "qwen3-gqa"
+    export_sparse("qwen3", output=output, settings=SparseSettings(top_k=64, attention="gqa"),
+                  model=str(tiny_model("qwen3").checkpoint), capacity=512, log=lambda *a, **k: None)
+    return QuestModel(output, threads=1)
+
+
+def _prompts():
+    rng = np.random.default_rng(11)
+    return [rng.integers(0, 256, n).tolist() for n in (41, 17, 29)]
+
+
+def test_generate_matches_greedy_and_each_row_alone():
+    model = _quest()
+    prompts = _prompts()
+    batched = Generator(model).generate(prompts, Sampling(max_new_tokens=12))
+    assert batched == greedy(model, prompts, 12)
+    for row, prompt in enumerate(prompts):
+        assert Generator(model).generate([prompt], Sampling(max_new_tokens=12))[0] == batched[row]
+
+
+def test_seeded_sampling_is_reproducible_and_cuts_behave():
+    model = _quest()
+    prompts = _prompts()
+    warm = Sampling(max_new_tokens=16, temperature=1.5, seed=3)
+    first = Generator(model).generate(prompts, warm)
+    assert Generator(model).generate(prompts, warm) == first
+    assert Generator(model).generate(prompts, Sampling(max_new_tokens=16, temperature=1.5, seed=4)) != first
+    greedy_tokens = Generator(model).generate(prompts, Sampling(max_new_tokens=16))
+    for cut in (Sampling(max_new_tokens=16, temperature=1.5, top_k=1, seed=5),
+                Sampling(max_new_tokens=16, temperature=1.5, top_p=1e-6, seed=6)):
+        assert Generator(model).generate(prompts, cut) == greedy_tokens
+
+
+def test_stop_tokens_end_rows_independently_while_streaming():
+    model = _quest()
+    prompts = _prompts()
+    reference = Generator(model).generate(prompts, Sampling(max_new_tokens=10))
+    stop = reference[1][3]  # row 1's fourth token
+    steps = list(Generator(model).stream(prompts, Sampling(max_new_tokens=10, stop_tokens=(stop,))))
+    row1 = [step[1] for step in steps]
+    first_stop = reference[1].index(stop)
+    assert row1[: first_stop + 1] == reference[1][: first_stop + 1]
+    assert all(token is None for token in row1[first_stop + 1 :])
+    for row in (0, 2):  # rows without that token run on (unless it is theirs too)
+        tokens = [step[row] for step in steps if step[row] is not None]
+        cut = reference[row].index(stop) + 1 if stop in reference[row] else 10
+        assert tokens == reference[row][:cut]
+
+
+def test_a_generator_is_reused_for_new_prompts():
+    model = _quest()
+    generator = Generator(model)
+    prompts = _prompts()
+    first = generator.generate(prompts, Sampling(max_new_tokens=8))
+    other = generator.generate([prompts[2], prompts[0], prompts[1]], Sampling(max_new_tokens=8))
+    assert other == [first[2], first[0], first[1]]
+    assert generator.generate(prompts, Sampling(max_new_tokens=8)) == first
+
+
+def test_a_request_past_the_capacity_fails_first_and_changes_nothing():
+    model = _quest()
+    generator = Generator(model, capacity=64)
+    prompts = _prompts()
+    kept = generator.generate(prompts, Sampling(max_new_tokens=8))
+    snapshot = {name: array.copy() for name, array in generator.cache.buffers.items()}
+    lengths = generator.cache.lengths.copy()
+    with pytest.raises(CapacityError, match="capacity 64"):
+        generator.generate(prompts, Sampling(max_new_tokens=30))  # 41 + 30 > 64
+    np.testing.assert_array_equal(generator.cache.lengths, lengths)
+    for name, array in generator.cache.buffers.items():
+        np.testing.assert_array_equal(array, snapshot[name])
+    assert generator.generate(prompts, Sampling(max_new_tokens=8)) == kept
+
+
+def test_dense_gqa_baseline_generates_the_same_tokens_when_the_budget_covers_the_context():
+    prompts = _prompts()
+    comparison = compare(_quest(), _gqa(), prompts, Sampling(max_new_tokens=64))
+    assert comparison.identical, f"{comparison.matching_fraction:.0%} of tokens match"
+    assert comparison.sparse.decoded == comparison.dense.decoded == 3 * 63
+
+
+def test_chunked_prefill_matches_the_dense_baseline_past_one_chunk():
+    rng = np.random.default_rng(12)
+    prompts = [rng.integers(0, 256, 700).tolist(), rng.integers(0, 256, 530).tolist()]  # > 512: two chunks
+    comparison = compare(_quest(), _gqa(), prompts, Sampling(max_new_tokens=16), capacity=1024)
+    assert comparison.identical, f"{comparison.matching_fraction:.0%} of tokens match"
