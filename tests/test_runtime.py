@@ -109,3 +109,17 @@ def test_chunked_prefill_matches_the_dense_baseline_past_one_chunk():
     prompts = [rng.integers(0, 256, 700).tolist(), rng.integers(0, 256, 530).tolist()]  # > 512: two chunks
     comparison = compare(_quest(), _gqa(), prompts, Sampling(max_new_tokens=16), capacity=1024)
     assert comparison.identical, f"{comparison.matching_fraction:.0%} of tokens match"
+
+
+def test_default_model_agrees_with_its_dense_baseline_over_64_tokens(tmp_path):
+    """The embedded default Qwen3 (as `make demo` exports it), inside the K=32 x P=32 budget."""
+    folders = {}
+    for attention in ("quest", "gqa"):
+        folders[attention] = tmp_path / attention
+        export_sparse("qwen3", output=folders[attention], settings=SparseSettings(top_k=32, attention=attention),
+                      capacity=1024, log=lambda *a, **k: None)
+    quest, dense = QuestModel(folders["quest"]), QuestModel(folders["gqa"])
+    assert quest.sidecar.sparse_layers == [2, 3, 4, 5, 6, 7]
+    prompt = np.random.default_rng(13).integers(0, quest.sidecar.vocab_size, 900).tolist()
+    comparison = compare(quest, dense, [prompt], Sampling(max_new_tokens=64))
+    assert comparison.identical, f"{comparison.matching_fraction:.0%} identical"
