@@ -141,6 +141,8 @@ SPARSE_BLOCK_SELECT = OpSpec(
             "optional per-block importance (e.g. prefill attention mass)",
             optional=True,
         ),
+        Tensor("key_cache", "TC", ("B", "N", "C", "D"), "the key cache before this call (score='probe')", optional=True),
+        Tensor("key", "T", ("B", "N", "S", "D"), "this call's new keys (score='probe')", optional=True),
     ),
     outputs=(
         Tensor("block_indices", "int32", ("B", "N", "S", "K"), "selected blocks, ascending, -1 padded"),
@@ -172,6 +174,15 @@ SPARSE_BLOCK_SELECT = OpSpec(
             minimum=0.0,
             maximum=1.0,
         ),
+        Attribute(
+            "score",
+            "string",
+            "'bound': the Quest upper bound from block_max/min; 'probe': the max dot product with "
+            "num_probes evenly spaced keys of the block (needs key_cache and key)",
+            default="bound",
+            choices=("bound", "probe"),
+        ),
+        Attribute("num_probes", "int", "keys sampled per block by score='probe'", default=8, minimum=1),
     ),
     symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size", "K": "top_k"},
 )

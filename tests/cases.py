@@ -37,6 +37,8 @@ AXES = {
     "reduce": REDUCES,
     "importance": (False, False, True),  # repeated values weight the random draw
     "equal_scores": (False, False, False, True),
+    "score": ("bound", "bound", "probe"),
+    "num_probes": (3, 8),
     "dtypes": DTYPES,
 }
 
@@ -59,6 +61,8 @@ class Case:
     reduce: str
     importance: bool
     equal_scores: bool
+    score: str
+    num_probes: int
     dtypes: tuple[str, str]
 
     @property
@@ -67,7 +71,8 @@ class Case:
         return (
             f"B{self.batch}-H{H}N{N}-D{self.head_dim}-P{self.block_size}-L{self.cached.replace('~', '')}"
             f"-S{self.new_tokens}-K{self.top_k.split()[0]}-s{self.sink}r{self.recent}-{self.reduce}"
-            f"{'-imp' if self.importance else ''}{'-eq' if self.equal_scores else ''}-{self.dtypes[0][5:]}{self.dtypes[1][5:]}"
+            f"{'-imp' if self.importance else ''}{'-eq' if self.equal_scores else ''}"
+            f"{f'-probe{self.num_probes}' if self.score == 'probe' else ''}-{self.dtypes[0][5:]}{self.dtypes[1][5:]}"
         )
 
     def past_lens(self) -> np.ndarray:
@@ -108,6 +113,8 @@ class Case:
         H, N = self.heads
         heads = H if self.reduce == "max" else N
         select = self.batch * heads * self.new_tokens * self.num_blocks() * self.head_dim
+        if self.score == "probe":
+            select *= self.num_probes
         attention = self.batch * H * self.new_tokens * self.capacity()
         return max(select, attention)
 
@@ -130,7 +137,7 @@ def _covering_cases(seed: int = 7) -> list[Case]:
         if case.body_cost() > BODY_BUDGET:
             continue
         ranking = case.ranks_blocks()
-        if (case.equal_scores or case.importance) and not ranking:
+        if (case.equal_scores or case.importance or case.score == "probe") and not ranking:
             continue  # ties and importance only matter when the ranking picks blocks
         gained = set(choice.items()) & uncovered
         if gained and (ranking or attempt > 50000):
@@ -215,16 +222,19 @@ def select_attributes(case: Case) -> dict:
     H, N = case.heads
     return dict(num_heads=H, kv_num_heads=N, block_size=case.block_size, top_k=case.k(),
                 sink_blocks=case.sink, recent_blocks=case.recent, group_reduce=case.reduce,
-                importance_fraction=0.5 if case.importance else 0.0)
+                importance_fraction=0.5 if case.importance else 0.0, score=case.score,
+                num_probes=case.num_probes)
 
 
 def select_args(data: CaseData) -> tuple[dict, dict]:
     """Select runs on the metadata after this call's update, as in a layer."""
     inputs, attributes = metadata_args(data)
     block_max, block_min = quest_metadata(**inputs, **attributes)
+    probe = data.case.score == "probe"
     return (
         dict(query=data.query, block_max=block_max, block_min=block_min, past_lens=data.past_lens,
-             total_lens=data.total_lens, block_importance=data.block_importance),
+             total_lens=data.total_lens, block_importance=data.block_importance,
+             key_cache=data.key_cache if probe else None, key=data.key if probe else None),
         select_attributes(data.case),
     )
 

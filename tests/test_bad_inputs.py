@@ -73,6 +73,8 @@ BAD = [
     ("SparseBlockAttention", "scale < 0", lambda x: x, {"scale": -1.0}, ["'scale'", ">= 0"]),
     ("QuestMetadata", "block_size given as float", lambda x: x, {"block_size": 4.0}, ["'block_size'", "int"]),
     ("SparseBlockSelect", "top_k missing", lambda x: x, {"top_k": None}, ["'top_k'", "required"]),
+    ("SparseBlockSelect", "probe without key_cache", lambda x: x, {"score": "probe"}, ["score='probe'", "'key_cache'"]),
+    ("SparseBlockSelect", "num_probes = 0", lambda x: x, {"num_probes": 0}, ["'num_probes'", ">= 1"]),
     ("SparseBlockAttention", "zero head dim", lambda x: _replace(x, query=np.ones((2, H, S, 0), np.float32), key=np.ones((2, N, S, 0), np.float32), value=np.ones((2, N, S, 0), np.float32), key_cache=np.ones((2, N, C, 0), np.float32), value_cache=np.ones((2, N, C, 0), np.float32)), {}, ["(D) must be positive"]),
 ]
 

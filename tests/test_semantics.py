@@ -217,3 +217,34 @@ def test_metadata_sets_on_first_token_of_a_block_and_merges_after(impl, past):
     for m in range(5):
         np.testing.assert_array_equal(got["block_max_out"][0, 0, m], keys[0, 0, m * P : m * P + P].max(0))
         np.testing.assert_array_equal(got["block_min_out"][0, 0, m], keys[0, 0, m * P : m * P + P].min(0))
+
+
+def _probe_select(impl, aligned_position, *, past, new_tokens, num_probes=2, top_k=2):
+    """P = 8, query at the last new position; one key (at aligned_position) matches the query."""
+    P8, D16 = 8, 16
+    total = past + new_tokens
+    keys = np.zeros((1, 1, total, D16), np.float32)
+    keys[0, 0, :, 1] = 1.0  # every key scores 0 against the query (which is e_0)
+    keys[0, 0, aligned_position] = 0.0
+    keys[0, 0, aligned_position, 0] = 5.0
+    cache = np.zeros((1, 1, 64, D16), np.float32)
+    cache[0, 0, :past] = keys[0, 0, :past]
+    query = np.zeros((1, 1, new_tokens, D16), np.float32)
+    query[..., 0] = 1.0
+    M8 = 8
+    inputs = dict(query=query, block_max=np.zeros((1, 1, M8, D16), np.float32),
+                  block_min=np.zeros((1, 1, M8, D16), np.float32), past_lens=np.array([past], np.int32),
+                  key_cache=cache, key=keys[:, :, past:])
+    attributes = dict(num_heads=1, kv_num_heads=1, block_size=P8, top_k=top_k, sink_blocks=0, recent_blocks=1,
+                      score="probe", num_probes=num_probes)
+    return run(impl, "SparseBlockSelect", inputs, attributes)["block_indices"][0, 0, -1].tolist()
+
+
+@EACH_IMPLEMENTATION
+def test_probe_reads_evenly_spaced_keys_including_this_calls_new_ones(impl):
+    # query at p = 39 (block 4): blocks 0..3 are probed at first + 0 and first + 4
+    assert _probe_select(impl, 20, past=40 - 5, new_tokens=5) == [2, 4]  # 20 = 2*8 + 4: probed
+    assert _probe_select(impl, 19, past=40 - 5, new_tokens=5) == [0, 4]  # 19 = 2*8 + 3: missed; ties -> 0
+    assert _probe_select(impl, 19, past=40 - 5, new_tokens=5, num_probes=8) == [2, 4]  # every key probed
+    # prefill (past = 0): the aligned key is one of this call's new keys
+    assert _probe_select(impl, 12, past=0, new_tokens=40) == [1, 4]

@@ -78,3 +78,21 @@ def lane_sum(op, terms, rank: int) -> ir.Value:
         acc = op.Add(take(op, acc, -1, 0, width), take(op, acc, -1, width, 2 * width))
         width //= 2
     return op.Squeeze(acc, ints(op, -1))
+
+
+def write_tokens(op, cache, new_tokens, pos, valid) -> ir.Value:
+    """cache [B,N,C,D] with new_tokens [B,N,S,D] (cast to the cache type) at rows pos [B,S].
+
+    ```
+    cache -Concat(dummy row C)-ScatterElements(axis=2, rows: pos, or C when invalid)-Slice(:C)
+    ```
+    Invalid tokens land in the dummy row, which is sliced away.
+    """
+    C = dim(op, cache, 2)
+    write_row = op.Where(valid, pos, op.Reshape(C, ints(op, 1, 1)))  # [B, S]
+    write_at = op.Expand(op.Unsqueeze(write_row, ints(op, 1, 3)), op.Shape(new_tokens))
+    dummy = op.ConstantOfShape(op.Concat(op.Shape(cache, end=2), ints(op, 1), dim(op, cache, 3), axis=0),
+                               value=ir.tensor(np.zeros(1, np.float32)))
+    extended = op.Concat(cache, op.CastLike(dummy, cache), axis=2)
+    written = op.ScatterElements(extended, write_at, op.CastLike(new_tokens, cache), axis=2)
+    return op.Slice(written, ints(op, 0), C, ints(op, 2))

@@ -17,16 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ._building import F32, I64, const, dim, ints, positions
-
-
-def _write_cache(op, cache, new_tokens, write_at):
-    """cache with new_tokens [B,N,S,D] at rows write_at [B,N,S,D] (row C: the dummy sink)."""
-    dummy = op.ConstantOfShape(op.Concat(op.Shape(cache, end=2), ints(op, 1), dim(op, cache, 3), axis=0),
-                               value=ir.tensor(np.zeros(1, np.float32)))
-    extended = op.Concat(cache, op.CastLike(dummy, cache), axis=2)
-    written = op.ScatterElements(extended, write_at, op.CastLike(new_tokens, cache), axis=2)
-    return op.Slice(written, ints(op, 0), dim(op, cache, 2), ints(op, 2))
+from ._building import F32, I64, const, dim, ints, positions, write_tokens
 
 
 def sparse_block_attention_body(
@@ -51,10 +42,8 @@ def sparse_block_attention_body(
     C = dim(op, key_cache, 2)
     S = dim(op, query, 2)
     pos, valid = positions(op, past_lens, total_lens, S)
-    write_row = op.Where(valid, pos, op.Reshape(C, ints(op, 1, 1)))  # [B, S]
-    write_at = op.Expand(op.Unsqueeze(write_row, ints(op, 1, 3)), op.Shape(key))
-    key_cache_out = _write_cache(op, key_cache, key, write_at)
-    value_cache_out = _write_cache(op, value_cache, value, write_at)
+    key_cache_out = write_tokens(op, key_cache, key, pos, valid)
+    value_cache_out = write_tokens(op, value_cache, value, pos, valid)
 
     shape_q = op.Concat(dim(op, query, 0), ints(op, kv_num_heads, G), op.Shape(query, start=2), axis=0)
     q = op.Reshape(op.Cast(query, to=F32), shape_q)  # [B, N, G, S, D]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ._building import F32, F64, I64, const, dim, ints, lane_sum, positions, select_max, take
+from ._building import F32, F64, I64, const, dim, ints, lane_sum, positions, select_max, take, write_tokens
 
 
 def _rank(op, values_f32, candidates, M):
@@ -38,18 +38,70 @@ def _rank(op, values_f32, candidates, M):
     return op.ScatterElements(zeros, order, steps, axis=-1)  # rank[order[j]] = j
 
 
-def _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce):
+def _query_rows(op, query, num_heads, kv_num_heads, group_reduce):
+    """[B, N, G', S, D] float32: the G query rows per KV head, or (mean) their mean: G' = 1."""
     G = num_heads // kv_num_heads
     shape_q = op.Concat(dim(op, query, 0), ints(op, kv_num_heads, G), op.Shape(query, start=2), axis=0)
     q = op.Reshape(op.Cast(query, to=F32), shape_q)  # [B, N, G, S, D]
     if group_reduce == "mean":
         summed = take(op, op.CumSum(q, const(op, 2, np.int64)), 2, G - 1, G)
         q = op.Div(summed, const(op, G, np.float32))  # [B, N, 1, S, D]
+    return q
+
+
+def _probe_scores(op, query, key_cache, key, pos, valid, M, num_heads, kv_num_heads, group_reduce, block_size,
+                  num_probes):
+    """Probe scores [B, N, S, M]: per block, the running max over probes (in order) and query rows
+    (in order) of the canonical dot product with the probed key.
+
+    ```
+    key_cache + key -write_tokens--> keys as cached after this call [B,N,C,D] -Transpose[B,C,N,D]
+    probe positions [B,S,M,J] (first + j, or first + floor(j*n/J)) -GatherND(batch_dims=1)-> [B,S,M,J,N,D]
+    query rows [B,N,G',S,D] x keys -lane_sum-> [B,N,G',S,M,J] -Where(probe exists, ., -inf)
+       -running max over j, then rows--> [B,N,S,M]
+    ```
+    """
+    J, P = num_probes, block_size
+    cached = write_tokens(op, key_cache, key, pos, valid)
+    by_position = op.Transpose(cached, perm=[0, 2, 1, 3])  # [B, C, N, D]
+    blocks = op.Range(const(op, 0, np.int64), op.Squeeze(M, ints(op, 0)), const(op, 1, np.int64))
+    first = op.Mul(blocks, const(op, P, np.int64))  # [M]
+    end = op.Add(op.Unsqueeze(pos, ints(op, 2)), const(op, 1, np.int64))  # [B, S, 1]
+    n = op.Sub(op.Min(op.Add(first, const(op, P, np.int64)), end), first)  # [B, S, M]
+    n = op.Unsqueeze(n, ints(op, 3))  # [B, S, M, 1]
+    j = op.Range(const(op, 0, np.int64), const(op, J, np.int64), const(op, 1, np.int64))  # [J]
+    first4 = op.Reshape(first, ints(op, 1, 1, -1, 1))
+    spread = op.Add(first4, op.Div(op.Mul(j, n), const(op, J, np.int64)))
+    dense = op.Add(first4, j)
+    t = op.Where(op.LessOrEqual(n, const(op, J, np.int64)), dense, spread)  # [B, S, M, J]
+    exists = op.Less(j, n)  # [B, S, M, J]
+    last = op.Sub(dim(op, key_cache, 2), ints(op, 1))
+    t = op.Max(op.Min(t, last), const(op, 0, np.int64))  # absent probes read row 0; masked below
+    flat = op.Reshape(t, op.Concat(dim(op, t, 0), ints(op, -1, 1), axis=0))  # [B, S*M*J, 1]
+    gathered = op.GatherND(by_position, flat, batch_dims=1)  # [B, S*M*J, N, D]
+    keys = op.Reshape(gathered, op.Concat(op.Shape(t), op.Shape(by_position, start=2), axis=0))  # [B,S,M,J,N,D]
+    keys = op.Cast(op.Transpose(keys, perm=[0, 4, 1, 2, 3, 5]), to=F32)  # [B, N, S, M, J, D]
+    rows = _query_rows(op, query, num_heads, kv_num_heads, group_reduce)  # [B, N, G', S, D]
+    rows = op.Unsqueeze(rows, ints(op, 4, 5))  # [B, N, G', S, 1, 1, D]
+    dots = lane_sum(op, op.Mul(rows, op.Unsqueeze(keys, ints(op, 2))), rank=7)  # [B, N, G', S, M, J]
+    exists = op.Unsqueeze(exists, ints(op, 1, 2))  # [B, 1, 1, S, M, J]
+    dots = op.Where(exists, dots, const(op, -np.inf, np.float32))
+    heads = 1 if group_reduce == "mean" else num_heads // kv_num_heads
+    best = None
+    for probe in range(J):
+        for row in range(heads):
+            value = op.Squeeze(take(op, take(op, dots, 5, probe, probe + 1), 2, row, row + 1), ints(op, 2, 5))
+            best = value if best is None else select_max(op, value, best)
+    return best  # [B, N, S, M]
+
+
+def _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce):
+    q = _query_rows(op, query, num_heads, kv_num_heads, group_reduce)
     q = op.Unsqueeze(q, ints(op, 4))  # [B, N, G', S, 1, D]
     kmax = op.Unsqueeze(op.Cast(block_max, to=F32), ints(op, 2, 3))  # [B, N, 1, 1, M, D]
     kmin = op.Unsqueeze(op.Cast(block_min, to=F32), ints(op, 2, 3))
     per_head = lane_sum(op, select_max(op, op.Mul(q, kmax), op.Mul(q, kmin)), rank=6)  # [B, N, G', S, M]
-    heads = 1 if group_reduce == "mean" else G
+    heads = 1 if group_reduce == "mean" else num_heads // kv_num_heads
     scores = take(op, per_head, 2, 0, 1)
     for g in range(1, heads):
         scores = select_max(op, take(op, per_head, 2, g, g + 1), scores)
@@ -64,6 +116,8 @@ def sparse_block_select_body(
     past_lens,
     total_lens=None,
     block_importance=None,
+    key_cache=None,
+    key=None,
     *,
     num_heads: int,
     kv_num_heads: int,
@@ -73,6 +127,8 @@ def sparse_block_select_body(
     recent_blocks: int = 1,
     group_reduce: str = "mean",
     importance_fraction: float = 0.0,
+    score: str = "bound",
+    num_probes: int = 8,
 ):
     M = dim(op, block_max, 2)
     pos, valid = positions(op, past_lens, total_lens, dim(op, query, 2))
@@ -102,7 +158,11 @@ def sparse_block_select_body(
         chosen = op.Or(chosen, picked)
         remaining = op.Sub(remaining, quota)
 
-    scores = _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce)
+    if score == "probe":
+        scores = _probe_scores(op, query, key_cache, key, pos, valid, M, num_heads, kv_num_heads, group_reduce,
+                               block_size, num_probes)
+    else:
+        scores = _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce)
     candidates = op.And(eligible, op.Not(chosen))
     chosen = op.Or(chosen, op.And(candidates, op.Less(_rank(op, scores, candidates, M), remaining)))
 

@@ -33,6 +33,52 @@ def bound_scores(query, block_max, block_min, kv_num_heads, group_reduce):
     return scores
 
 
+def probe_positions(block: int, p: int, block_size: int, num_probes: int) -> list[int]:
+    """The positions a probe reads in `block` for a query at `p`: every attended one when there are
+    at most num_probes, else num_probes evenly spaced ones (m*P + floor(j * n / num_probes))."""
+    first = block * block_size
+    n = min(first + block_size, p + 1) - first
+    if n <= num_probes:
+        return list(range(first, first + n))
+    return [first + (j * n) // num_probes for j in range(num_probes)]
+
+
+def probe_scores(query_rows, key_row_at, current: int, p: int, block_size: int, num_probes: int) -> np.ndarray:
+    """Probe scores [current + 1] of one query: per block, the running max (`v > best ? v : best`)
+    over its probes in order and, for each probe, over the query rows in order, of the canonical
+    dot product of the row with the probed key."""
+    blocks = current + 1
+    positions = [probe_positions(m, p, block_size, num_probes) for m in range(blocks)]
+    flat = [t for ts in positions for t in ts]
+    keys = np.stack([key_row_at(t) for t in flat])  # [probes, D]
+    rows = np.stack(query_rows)  # [R, D]
+    dots = lane_sum(rows[:, None, :] * keys[None, :, :])  # [R, probes]
+    table = np.full((num_probes, len(rows), blocks), -np.inf, np.float32)  # absent probes never win
+    start = 0
+    for m, ts in enumerate(positions):
+        table[: len(ts), :, m] = dots[:, start : start + len(ts)].T
+        start += len(ts)
+    best = table[0, 0].copy()
+    for j in range(num_probes):
+        for r in range(len(rows)):
+            if j == 0 and r == 0:
+                continue
+            best = np.where(table[j, r] > best, table[j, r], best)
+    return best
+
+
+def query_rows(query, b: int, n: int, i: int, kv_num_heads: int, group_reduce: str) -> list[np.ndarray]:
+    """The G query rows of (b, n, i) as float32, or the single mean row (summed in order, / G)."""
+    G = query.shape[1] // kv_num_heads
+    rows = [query[b, n * G + g, i].astype(np.float32) for g in range(G)]
+    if group_reduce == "max":
+        return rows
+    total = rows[0]
+    for row in rows[1:]:
+        total = total + row
+    return [total / np.float32(G)]
+
+
 def rank_order(values: np.ndarray, candidates) -> list[int]:
     """Candidates best first: higher value first, NaN last, ties to the lower block index."""
     return sorted(candidates, key=lambda m: (bool(np.isnan(values[m])), -float(values[m]) if not np.isnan(values[m]) else 0.0, m))
@@ -78,13 +124,24 @@ def sparse_block_select(
     recent_blocks=1,
     group_reduce="mean",
     importance_fraction=0.0,
+    key_cache=None,
+    key=None,
+    score="bound",
+    num_probes=8,
 ):
     """Return block_indices [B, N, S, top_k] int32: chosen blocks ascending, -1 padded."""
     B, H, S, _ = query.shape
     N, M = kv_num_heads, block_max.shape[2]
     assert H == num_heads and H % N == 0
     total = resolve_total_lens(past_lens, total_lens, S, M * block_size, "M * block_size")
-    scores = bound_scores(query, block_max, block_min, N, group_reduce)
+    if score == "probe":
+        if key_cache is None or key is None:
+            raise ValueError("score='probe' needs the key_cache and key inputs")
+        total = resolve_total_lens(past_lens, total_lens, S, key_cache.shape[2], "the cache capacity C")
+        stored = key.astype(key_cache.dtype).astype(np.float32)  # new keys as the cache will hold them
+        cached = key_cache.astype(np.float32)
+    else:
+        scores = bound_scores(query, block_max, block_min, N, group_reduce)
     out = np.full((B, N, S, top_k), -1, dtype=np.int32)
     for b in range(B):
         past = int(past_lens[b])
@@ -94,8 +151,16 @@ def sparse_block_select(
                 continue
             for n in range(N):
                 importance = None if block_importance is None else block_importance[b, n]
+                if score == "probe":
+                    def key_row_at(t, b=b, n=n, past=past):
+                        return cached[b, n, t] if t < past else stored[b, n, t - past]
+
+                    row_scores = probe_scores(query_rows(query, b, n, i, N, group_reduce), key_row_at,
+                                              p // block_size, p, block_size, num_probes)
+                else:
+                    row_scores = scores[b, n, i]
                 row = select_row(
-                    scores[b, n, i], importance, p // block_size, top_k,
+                    row_scores, importance, p // block_size, top_k,
                     sink_blocks, recent_blocks, importance_fraction,
                 )
                 out[b, n, i, : len(row)] = row

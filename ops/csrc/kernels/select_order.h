@@ -30,6 +30,7 @@ struct SelectScratch {
   std::vector<int32_t> best;       // heap of the best candidates so far
   std::vector<uint8_t> taken;      // [eligible]
   std::vector<float> query;        // variant-owned: the (reduced) query rows
+  std::vector<float> key;          // variant-owned: one probed key row
 };
 
 // Appends to s.chosen the best `count` untaken blocks of [0, eligible) by `values`.

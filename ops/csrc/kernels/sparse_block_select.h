@@ -8,11 +8,15 @@
 namespace quest {
 
 enum class GroupReduce { Mean, Max };
+enum class ScoreMode { Bound, Probe };
 
 struct SparseBlockSelectParams {
   int64_t batch = 0, num_heads = 0, kv_heads = 0, query_len = 0, head_dim = 0;
   int64_t num_blocks = 0, block_size = 0, top_k = 0, sink_blocks = 0, recent_blocks = 0;
   GroupReduce reduce = GroupReduce::Mean;
+  ScoreMode score = ScoreMode::Bound;
+  int64_t num_probes = 8;  // keys read per block by ScoreMode::Probe
+  int64_t capacity = 0;    // C of key_cache (probe only)
   float importance_fraction = 0.0f;
   const int32_t* past_lens = nullptr;         // [B]
   const int32_t* total_lens = nullptr;        // [B], resolved (never null), validated by the adapter
@@ -21,8 +25,21 @@ struct SparseBlockSelectParams {
   const void* query = nullptr;      // [B, H, S, D] query_type
   const void* block_max = nullptr;  // [B, N, M, D] cache_type
   const void* block_min = nullptr;  // [B, N, M, D] cache_type
+  const void* key_cache = nullptr;  // [B, N, C, D] cache_type: the cache before this call (probe only)
+  const void* key = nullptr;        // [B, N, S, D] query_type: this call's new keys (probe only)
   int32_t* block_indices = nullptr;  // [B, N, S, K] output
 };
+
+// The positions the probe policy reads in `block` for a query at `p`: all attended positions when
+// there are at most num_probes, else num_probes evenly spaced ones (first + j * n / num_probes).
+inline int64_t probe_count(int64_t block, int64_t p, int64_t P, int64_t num_probes) {
+  const int64_t first = block * P, n = (first + P < p + 1 ? first + P : p + 1) - first;
+  return n < num_probes ? n : num_probes;
+}
+inline int64_t probe_position(int64_t block, int64_t p, int64_t P, int64_t num_probes, int64_t j) {
+  const int64_t first = block * P, n = (first + P < p + 1 ? first + P : p + 1) - first;
+  return n <= num_probes ? first + j : first + (j * n) / num_probes;
+}
 
 // Selects for work items [begin, end), one item per (b, n) = b * kv_heads + n.
 using SparseBlockSelectFn = void (*)(const SparseBlockSelectParams&, int64_t begin, int64_t end);

@@ -19,6 +19,12 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
   if (in.dim("D") < 1) in.fail("input 'query' dim 3 (D) must be positive");
   const std::vector<int32_t> total =
       resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
+  const bool probe = attributes_.get_string("score") == "probe";
+  if (probe) {
+    if (!in[io::in::key_cache].present() || !in[io::in::key].present())
+      in.fail("score='probe' needs the inputs 'key_cache' and 'key'");
+    resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, in.dim("C"), "the cache capacity C (key_cache dim 2)");
+  }
   auto* indices = static_cast<int32_t*>(allocate_output(context, in, io::out::block_indices));
 
   SparseBlockSelectParams params;
@@ -34,6 +40,11 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
   params.recent_blocks = attributes_.get_int("recent_blocks");
   params.reduce = attributes_.get_string("group_reduce") == "max" ? GroupReduce::Max : GroupReduce::Mean;
   params.importance_fraction = attributes_.get_float("importance_fraction");
+  params.score = probe ? ScoreMode::Probe : ScoreMode::Bound;
+  params.num_probes = attributes_.get_int("num_probes");
+  params.capacity = probe ? in.dim("C") : 0;
+  params.key_cache = in[io::in::key_cache].data;
+  params.key = in[io::in::key].data;
   params.past_lens = in[io::in::past_lens].as<int32_t>();
   params.total_lens = total.data();
   params.block_importance = in[io::in::block_importance].as<float>();

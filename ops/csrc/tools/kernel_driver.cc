@@ -91,12 +91,23 @@ void run_select(const Case& c, const quest::KernelTable& k) {
   std::vector<char> importance;
   if (c.integer("with_importance")) importance = c.read("block_importance", 4 * B * N * M);
   std::vector<int32_t> indices(B * N * S * K);
+  const bool probe = c.text("score") == "probe";
+  std::vector<char> key_cache, key;
+  if (probe) {
+    key_cache = c.read("key_cache", bytes_of(TC, B * N * c.integer("C") * D));
+    key = c.read("key", bytes_of(T, B * N * S * D));
+  }
   quest::SparseBlockSelectParams p;
   p.batch = B, p.num_heads = H, p.kv_heads = N, p.query_len = S, p.head_dim = D, p.num_blocks = M;
   p.block_size = c.integer("P"), p.top_k = K, p.sink_blocks = c.integer("sink_blocks");
   p.recent_blocks = c.integer("recent_blocks");
   p.reduce = c.text("group_reduce") == "max" ? quest::GroupReduce::Max : quest::GroupReduce::Mean;
   p.importance_fraction = c.real("importance_fraction");
+  p.score = probe ? quest::ScoreMode::Probe : quest::ScoreMode::Bound;
+  p.num_probes = c.integer("num_probes");
+  p.capacity = probe ? c.integer("C") : 0;
+  p.key_cache = probe ? key_cache.data() : nullptr;
+  p.key = probe ? key.data() : nullptr;
   p.past_lens = reinterpret_cast<const int32_t*>(past.data());
   p.total_lens = reinterpret_cast<const int32_t*>(total.data());
   p.block_importance = importance.empty() ? nullptr : reinterpret_cast<const float*>(importance.data());

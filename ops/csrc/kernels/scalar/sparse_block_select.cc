@@ -35,6 +35,31 @@ int64_t load_queries(const SparseBlockSelectParams& prm, int64_t b, int64_t n, i
   return 1;
 }
 
+// Probe scores of blocks [0, eligible) for the query at p: per block, the running max over its
+// probes (in order) and the query rows (in order) of the canonical dot product.
+template <typename T, typename TC>
+void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, int64_t heads, int64_t eligible,
+                  const std::vector<float>& rows, std::vector<float>& key, float* scores) {
+  const int64_t D = prm.head_dim, P = prm.block_size, S = prm.query_len, C = prm.capacity;
+  const int64_t past = prm.past_lens[item / prm.kv_heads];
+  const TC* cache = static_cast<const TC*>(prm.key_cache) + item * C * D;
+  const T* fresh = static_cast<const T*>(prm.key) + item * S * D;
+  key.resize(D);
+  for (int64_t m = 0; m < eligible; ++m) {
+    float best = 0.0f;
+    for (int64_t j = 0; j < probe_count(m, p, P, prm.num_probes); ++j) {
+      const int64_t t = probe_position(m, p, P, prm.num_probes, j);
+      for (int64_t d = 0; d < D; ++d)  // a new key as the cache will hold it
+        key[d] = t < past ? to_float(cache[t * D + d]) : to_float(from_float<TC>(to_float(fresh[(t - past) * D + d])));
+      for (int64_t r = 0; r < heads; ++r) {
+        const float value = canonical_dot(rows.data() + r * D, key.data(), D);
+        best = (j == 0 && r == 0) ? value : max_select(value, best);
+      }
+    }
+    scores[m] = best;
+  }
+}
+
 template <typename T, typename TC>
 void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, K = prm.top_k, P = prm.block_size, M = prm.num_blocks, D = prm.head_dim;
@@ -54,6 +79,7 @@ void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
       }
       select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float* scores) {
         const int64_t heads = load_queries<T>(prm, b, n, i, s.query);
+        if (prm.score == ScoreMode::Probe) return probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query, s.key, scores);
         for (int64_t m = 0; m < eligible; ++m) {
           float score = bound(s.query.data(), kmax + m * D, kmin + m * D, D);
           for (int64_t g = 1; g < heads; ++g)

@@ -93,6 +93,33 @@ void score_blocks(const float* rows, int64_t heads, int64_t Dp, const TC* kmax, 
   }
 }
 
+// Probe scores, as the scalar kernel orders them: per block, probes in order, rows in order.
+template <typename T, typename TC>
+void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, int64_t heads, int64_t eligible,
+                  const float* rows, int64_t Dp, std::vector<float>& key_row, float* scores) {
+  const int64_t D = prm.head_dim, P = prm.block_size, S = prm.query_len, C = prm.capacity;
+  const int64_t past = prm.past_lens[item / prm.kv_heads];
+  const TC* cache = static_cast<const TC*>(prm.key_cache) + item * C * D;
+  const T* fresh = static_cast<const T*>(prm.key) + item * S * D;
+  key_row.resize(Dp);
+  float* key = key_row.data();
+  for (int64_t m = 0; m < eligible; ++m) {
+    float best = 0.0f;
+    for (int64_t j = 0; j < probe_count(m, p, P, prm.num_probes); ++j) {
+      const int64_t t = probe_position(m, p, P, prm.num_probes, j);
+      for (int64_t d = 0; d < D; d += kChunk) {  // a new key as the cache will hold it
+        const Lanes k = t < past ? load_row(cache + t * D, d, D) : round_to<TC>(load_row(fresh + (t - past) * D, d, D));
+        k.store(key + d);
+      }
+      for (int64_t r = 0; r < heads; ++r) {
+        const float value = dot(rows + r * Dp, key, D);
+        best = (j == 0 && r == 0) ? value : max_select(value, best);
+      }
+    }
+    scores[m] = best;
+  }
+}
+
 template <typename T, typename TC>
 void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, K = prm.top_k, P = prm.block_size, M = prm.num_blocks, D = prm.head_dim;
@@ -113,6 +140,8 @@ void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin
       }
       select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float* scores) {
         const int64_t heads = load_query_rows<T>(prm, b, n, i, s.query);
+        if (prm.score == ScoreMode::Probe)
+          return probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query.data(), Dp, s.key, scores);
         score_blocks(s.query.data(), heads, Dp, kmax, kmin, D, eligible, scores);
       });
     }
