@@ -61,7 +61,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--group-reduce", choices=("mean", "max"), default="mean",
                    help="score a KV head with its query heads' mean (default) or the max of their bounds")
     p.add_argument("--importance-fraction", type=_fraction, default=0.0,
-                   help="share of the free budget chosen by prefill attention mass (default 0)")
+                   help="share of the free budget chosen by accumulated attention mass, recorded from the "
+                   "prefill on (default 0: off)")
+    p.add_argument("--score", choices=("bound", "probe"), default="bound",
+                   help="block scores: Quest's upper bound (default) or probes of num-probes keys per block")
+    p.add_argument("--num-probes", type=_positive, default=8, help="keys per block read by --score probe (default 8)")
     p.add_argument("--dense-layers", type=_layers, default=(0, 1),
                    help="layers that keep dense attention, e.g. 0,1 (default) or none")
     p.add_argument("--capacity", type=_positive, default=None,
@@ -89,6 +93,7 @@ def main(argv=None) -> int:
         top_k=args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,
         group_reduce=args.group_reduce, importance_fraction=args.importance_fraction,
         dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, attention=args.attention,
+        score=args.score, num_probes=args.num_probes,
     )
     output = args.output or pathlib.Path(f"{args.family}-{args.attention}-k{args.k}")
     try:

@@ -169,8 +169,9 @@ def _save(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, sett
         sink_blocks=settings.sink_blocks, recent_blocks=settings.recent_blocks, group_reduce=settings.group_reduce,
         importance_fraction=settings.importance_fraction, sparse_layers=counts["sparse_layers"],
         dense_layers=counts["dense_layers"],
-        layers=[Sidecar.layer_io(layer, layer in counts["sparse_layers"]) for layer in range(geometry.num_layers)],
-        eos_token_ids=eos, attention=settings.attention,
+        layers=[Sidecar.layer_io(layer, layer in counts["sparse_layers"], settings.importance)
+                for layer in range(geometry.num_layers)],
+        eos_token_ids=eos, attention=settings.attention, score=settings.score, num_probes=settings.num_probes,
         exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "input_kind": counts["kind"],
                   "rules": sorted(set(counts["layers"].values()))},
     )

@@ -23,6 +23,8 @@ class LayerIO:
     past_block_min: str | None = None
     present_block_max: str | None = None
     present_block_min: str | None = None
+    past_block_importance: str | None = None
+    present_block_importance: str | None = None
 
     @property
     def sparse(self) -> bool:
@@ -57,6 +59,8 @@ class Sidecar:
     eos_token_ids: list[int] = dataclasses.field(default_factory=list)
     tokenizer: str | None = None  # a folder next to the model, relative, when the source had one
     attention: str = "quest"  # "quest", or "gqa" for the dense GroupQueryAttention baseline
+    score: str = "bound"
+    num_probes: int = 8
     exporter: dict = dataclasses.field(default_factory=dict)
     format: str = FORMAT
 
@@ -78,9 +82,12 @@ class Sidecar:
         return cls(**data)
 
     @staticmethod
-    def layer_io(layer: int, sparse: bool) -> LayerIO:
+    def layer_io(layer: int, sparse: bool, importance: bool = False) -> LayerIO:
         io = LayerIO(f"past_key.{layer}", f"past_value.{layer}", f"present_key.{layer}", f"present_value.{layer}")
         if sparse:
             io.past_block_max, io.past_block_min = f"past_block_max.{layer}", f"past_block_min.{layer}"
             io.present_block_max, io.present_block_min = f"present_block_max.{layer}", f"present_block_min.{layer}"
+            if importance:
+                io.past_block_importance = f"past_block_importance.{layer}"
+                io.present_block_importance = f"present_block_importance.{layer}"
         return io

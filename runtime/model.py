@@ -42,16 +42,24 @@ class KVCache:
         return int(self.lengths.shape[0])
 
     def reset(self) -> None:
-        """Forget every row's tokens (the buffers stay allocated; stale content is never read)."""
+        """Forget every row's tokens (the buffers stay allocated; stale content is never read,
+        except the accumulated block importance, which starts again from zero)."""
         self.lengths[:] = 0
+        for name, array in self.buffers.items():
+            if name.startswith("past_block_importance."):
+                array.fill(0.0)
 
 
 class QuestModel:
-    def __init__(self, directory, *, threads: int | None = None, providers=None):
+    def __init__(self, directory, *, threads: int | None = None, providers=None, model_file: str | None = None,
+                 initializers: dict | None = None):
+        """`model_file` picks another graph in the folder with the same I/O (a variant of the
+        export); `initializers` (name -> OrtValue) share weights between several sessions."""
         self.directory = pathlib.Path(directory)
         self.sidecar = Sidecar.read(self.directory)
-        model_path = self.directory / self.sidecar.model_file
-        self.session = make_session(str(model_path), threads=threads, providers=providers)
+        model_path = self.directory / (model_file or self.sidecar.model_file)
+        self.session = make_session(str(model_path), threads=threads, providers=providers, initializers=initializers)
+        self._initializers = initializers  # ONNX Runtime only borrows them: they must outlive the session
         aliases = {}
         for layer in self.sidecar.layers:
             aliases[layer.present_key] = layer.past_key
@@ -59,6 +67,8 @@ class QuestModel:
             if layer.sparse:
                 aliases[layer.present_block_max] = layer.past_block_max
                 aliases[layer.present_block_min] = layer.past_block_min
+            if layer.past_block_importance:
+                aliases[layer.present_block_importance] = layer.past_block_importance
         self._step = InPlaceStep(self.session, aliases)
         self._kv_dtype = np.dtype(self.sidecar.kv_dtype)
 
@@ -83,6 +93,8 @@ class QuestModel:
             if layer.sparse:
                 for name in (layer.past_block_max, layer.past_block_min):
                     buffers[name] = cache_buffer((batch, s.kv_num_heads, blocks, s.head_dim), self._kv_dtype)
+            if layer.past_block_importance:
+                buffers[layer.past_block_importance] = cache_buffer((batch, s.kv_num_heads, blocks), np.float32)
         values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in buffers.items()}
         return KVCache(capacity, np.zeros(batch, np.int32), buffers, values)
 

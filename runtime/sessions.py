@@ -9,17 +9,22 @@ from ..ops import get_library_path
 from ..ops.registry import check_model
 
 
-def session_options(*, threads: int | None = None, register_library: bool = True) -> ort.SessionOptions:
-    """Session options with the native library registered; `threads` sets the intra-op pool size."""
+def session_options(*, threads: int | None = None, register_library: bool = True,
+                    initializers: dict | None = None) -> ort.SessionOptions:
+    """Session options with the native library registered; `threads` sets the intra-op pool size;
+    `initializers` (name -> OrtValue) replace the model's own, so sessions can share one copy."""
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
     if register_library:
         options.register_custom_ops_library(get_library_path())
+    for name, value in (initializers or {}).items():
+        options.add_initializer(name, value)
     return options
 
 
-def make_session(model, *, threads: int | None = None, register_library: bool = True, providers=None) -> ort.InferenceSession:
+def make_session(model, *, threads: int | None = None, register_library: bool = True, providers=None,
+                 initializers: dict | None = None) -> ort.InferenceSession:
     """An InferenceSession for a ModelProto, serialized model or path.
 
     When ONNX Runtime rejects a ModelProto, the Quest checker runs on it to name the input at fault
@@ -29,7 +34,7 @@ def make_session(model, *, threads: int | None = None, register_library: bool = 
     try:
         session = ort.InferenceSession(
             serialized,
-            session_options(threads=threads, register_library=register_library),
+            session_options(threads=threads, register_library=register_library, initializers=initializers),
             providers=providers or ["CPUExecutionProvider"],
         )
         # No silent re-creation of the session after a failed run: errors surface as they are.

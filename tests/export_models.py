@@ -44,10 +44,13 @@ def tiny_model(family: str) -> TinyModel:
 
 @functools.cache
 def quest_export(family: str, top_k: int, block_size: int = 16, kv_dtype: str = "float32",
-                 dense_layers: tuple[int, ...] = (0,)) -> pathlib.Path:
+                 dense_layers: tuple[int, ...] = (0,), score: str = "bound",
+                 importance_fraction: float = 0.0) -> pathlib.Path:
     tiny = tiny_model(family)
-    output = _ROOT / f"{family}-k{top_k}-p{block_size}-{kv_dtype}-d{'_'.join(map(str, dense_layers))}"
-    settings = SparseSettings(top_k=top_k, block_size=block_size, dense_layers=dense_layers, kv_dtype=kv_dtype)
+    output = _ROOT / (f"{family}-k{top_k}-p{block_size}-{kv_dtype}-d{'_'.join(map(str, dense_layers))}"
+                      f"-{score}-i{importance_fraction}")
+    settings = SparseSettings(top_k=top_k, block_size=block_size, dense_layers=dense_layers, kv_dtype=kv_dtype,
+                              score=score, importance_fraction=importance_fraction)
     export_sparse(family, output=output, settings=settings, model=str(tiny.checkpoint), capacity=512,
                   log=lambda *a, **k: None)
     return output

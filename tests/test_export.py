@@ -159,3 +159,38 @@ def test_wrong_family_is_refused_and_nothing_is_written(tmp_path):
                       model=str(tiny_model("llama").checkpoint), log=lambda *a, **k: None)
     assert not output.exists()
     assert not any(p.name.startswith(".quest-export-") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("score, importance_fraction", [("probe", 0.0), ("bound", 0.5), ("probe", 0.5)])
+def test_probe_and_importance_exports_match_optimum_when_the_budget_covers(score, importance_fraction):
+    tiny = tiny_model("qwen3")
+    folder = quest_export("qwen3", top_k=64, score=score, importance_fraction=importance_fraction)
+    model = QuestModel(folder, threads=1)
+    assert (model.sidecar.score, model.sidecar.importance_fraction) == (score, importance_fraction)
+    prompt = _prompt(7)
+    tokens, logits = greedy(model, [prompt], DECODE, return_logits=True)
+    expected = OptimumRunner(tiny).run(prompt, tokens[0][:-1])
+    for step, (got, want) in enumerate(zip(logits, expected)):
+        assert_close(got[0], want, np.float32, f"{score}/importance {importance_fraction} logits of step {step}")
+
+
+def test_importance_accumulates_the_attention_mass_of_every_query():
+    """Each query row's softmax sums to 1: after T tokens a KV head holds G * T of mass, and a
+    reset cache starts from zero again."""
+    folder = quest_export("qwen3", top_k=2, importance_fraction=0.5)
+    model = QuestModel(folder, threads=1)
+    layers = [layer for layer in model.sidecar.layers if layer.past_block_importance]
+    assert [model.sidecar.layers.index(layer) for layer in layers] == model.sidecar.sparse_layers
+    group = 4 // 2  # tiny qwen3: 4 query heads over 2 KV heads
+    cache = model.new_cache(2, capacity=256)
+    model.step(cache, np.array([_prompt(8, 70), _prompt(9, 70)]))
+    for token in (3, 4, 5):
+        model.step(cache, np.array([[token], [token]]))
+    for layer in layers:
+        mass = cache.buffers[layer.past_block_importance]
+        assert mass.shape == (2, 2, 256 // 16)
+        np.testing.assert_allclose(mass.sum(axis=-1), np.full((2, 2), group * 73.0), rtol=1e-5)
+        assert (mass[..., (73 + 15) // 16:] == 0).all(), "blocks past the cached tokens hold mass"
+    cache.reset()
+    for layer in layers:
+        assert not cache.buffers[layer.past_block_importance].any()

@@ -90,7 +90,7 @@ def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geome
     if input_ids is None:
         raise ExportError("the model has no input_ids input")
     batch = input_ids.shape[0] if input_ids.shape is not None else "batch_size"
-    context = RewriteContext(settings, geometry, batch_dim=str(batch))
+    context = RewriteContext(settings, geometry, batch_dim=str(batch), graph=graph)
     for slot in slots:
         context.cache_inputs[id(slot.past_key)] = slot.index
         context.cache_inputs[id(slot.past_value)] = slot.index

@@ -24,6 +24,15 @@ class SparseSettings:
     # "quest": the Quest ops; "gqa": the dense baseline, com.microsoft.GroupQueryAttention over the
     # same in-place caches and model I/O (for side-by-side comparisons in one runtime)
     attention: str = "quest"
+    score: str = "bound"  # SparseBlockSelect's policy: "bound" or "probe" (then reads the key cache)
+    num_probes: int = 8
+    # Carry every layer's accumulated attention mass per block (past/present_block_importance.l)
+    # into SparseBlockSelect; on by default when importance_fraction > 0.
+    track_importance: bool | None = None
+
+    @property
+    def importance(self) -> bool:
+        return self.importance_fraction > 0 if self.track_importance is None else self.track_importance
 
 
 @dataclasses.dataclass
@@ -46,7 +55,9 @@ class RewriteContext:
     the I/O pass once every layer has been rewritten.
     """
 
-    def __init__(self, settings: SparseSettings, geometry: Geometry, batch_dim: str = "batch_size"):
+    def __init__(self, settings: SparseSettings, geometry: Geometry, batch_dim: str = "batch_size",
+                 graph: ir.Graph | None = None):
+        self.graph = graph
         self.settings = settings
         self.geometry = geometry
         self.batch_dim = batch_dim
@@ -57,16 +68,21 @@ class RewriteContext:
         N, D = geometry.kv_num_heads, geometry.head_dim
         self.block_max: dict[int, ir.Value] = {}
         self.block_min: dict[int, ir.Value] = {}
+        self.block_importance: dict[int, ir.Value] = {}
         for layer in self.sparse_layers():
             shape = [batch_dim, N, "num_blocks", D]
             self.block_max[layer] = input_value(f"past_block_max.{layer}", self.kv_dtype, shape)
             self.block_min[layer] = input_value(f"past_block_min.{layer}", self.kv_dtype, shape)
+            if settings.importance:
+                self.block_importance[layer] = input_value(
+                    f"past_block_importance.{layer}", ir.DataType.FLOAT, [batch_dim, N, "num_blocks"])
         self.rewritten: dict[int, str] = {}  # layer -> rule name
         self.cache_inputs: dict[int, int] = {}  # id(past key or value input) -> layer
         self.positions: ir.Value | None = None  # [B, S] int64 past_lens + i, for rules that apply RoPE
         self._gqa_lengths = None  # (seqlens_k, total_sequence_length), shared by the GQA layers
         self.failures: dict[int, list[str]] = collections.defaultdict(list)
         self.metadata_outputs: dict[int, tuple[ir.Value, ir.Value]] = {}
+        self.importance_outputs: dict[int, ir.Value] = {}
         # layer -> ((old present key, new key cache), (old present value, new value cache))
         self.replaced_presents: dict[int, tuple] = {}
 
@@ -102,20 +118,28 @@ class RewriteContext:
             return self._emit_gqa(op, layer, rule, query, key, value, key_cache, value_cache, scale, softcap)
         heads = dict(num_heads=g.num_heads, kv_num_heads=g.kv_num_heads, block_size=s.block_size)
         indices = None
+        importance = self.block_importance.get(layer)
         if self.is_sparse(layer):
             block_max, block_min = op.QuestMetadata(
                 key, self.block_max[layer], self.block_min[layer], self.past_lens, self.total_lens,
                 block_size=s.block_size, _domain=DOMAIN, _outputs=2)
             self.metadata_outputs[layer] = (block_max, block_min)
             select_attributes = dict(top_k=s.top_k, sink_blocks=s.sink_blocks, recent_blocks=s.recent_blocks,
-                                     group_reduce=s.group_reduce)
+                                     group_reduce=s.group_reduce, score=s.score, num_probes=s.num_probes)
             if s.importance_fraction:
                 select_attributes["importance_fraction"] = s.importance_fraction
-            indices = op.SparseBlockSelect(query, block_max, block_min, self.past_lens, self.total_lens,
-                                           **heads, **select_attributes, _domain=DOMAIN)
-        output, key_out, value_out = op.SparseBlockAttention(
+            probe_inputs = (key_cache, key) if s.score == "probe" else ()
+            indices = op.SparseBlockSelect(query, block_max, block_min, self.past_lens, self.total_lens, importance,
+                                           *probe_inputs, **heads, **select_attributes, _domain=DOMAIN)
+        outputs = op.SparseBlockAttention(
             query, key, value, key_cache, value_cache, self.past_lens, indices, self.total_lens,
-            **heads, scale=float(scale), softcap=float(softcap), _domain=DOMAIN, _outputs=3)
+            **heads, scale=float(scale), softcap=float(softcap), _domain=DOMAIN, _outputs=4 if importance else 3)
+        output, key_out, value_out = outputs[:3]
+        if importance is not None:
+            # The mass this call's queries gave each block joins what earlier calls gave it. A graph
+            # output right away, so the rewriter's dead-code removal keeps it.
+            self.importance_outputs[layer] = op.Add(importance, outputs[3])
+            self.graph.outputs.append(self.importance_outputs[layer])
         self.rewritten[layer] = rule
         return output, key_out, value_out
 

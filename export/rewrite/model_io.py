@@ -83,6 +83,12 @@ def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_val
         _retype(block_max, f"present_block_max.{layer}", context.kv_dtype, meta_shape)
         _retype(block_min, f"present_block_min.{layer}", context.kv_dtype, meta_shape)
         graph.outputs.extend([block_max, block_min])
+        if layer in context.importance_outputs:
+            new_inputs.append(context.block_importance[layer])
+            importance = context.importance_outputs[layer]
+            _retype(importance, f"present_block_importance.{layer}", ir.DataType.FLOAT, meta_shape[:3])
+            graph.outputs.remove(importance)  # placed during the rewrite; moved after its layer's metadata
+            graph.outputs.append(importance)
     graph.inputs.clear()
     graph.inputs.extend(inputs[:after_ids] + new_inputs + inputs[after_ids:])
     common_passes.RemoveUnusedNodesPass()(model)
