@@ -43,7 +43,33 @@ def _elem_name(elem: int) -> str:
     return onnx.helper.tensor_dtype_to_np_dtype(elem).name
 
 
+def _check_attributes(spec: OpSpec, ctx) -> None:
+    """The attribute rules the native adapter applies, so the checker names a bad attribute first."""
+    for attr in spec.attributes:
+        value = _attribute_value(ctx, attr)
+        if value is None:
+            continue  # a missing required attribute is the checker's own error
+        if isinstance(value, bytes):
+            value = value.decode(errors="replace")
+        if attr.choices and value not in attr.choices:
+            raise onnx.shape_inference.InferenceError(
+                f"{spec.name}: attribute '{attr.name}' is {value!r}; expected one of {', '.join(attr.choices)}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value != value:
+                raise onnx.shape_inference.InferenceError(f"{spec.name}: attribute '{attr.name}' is NaN")
+            if attr.kind == "int" and not -(2**31) <= value < 2**31:
+                raise onnx.shape_inference.InferenceError(
+                    f"{spec.name}: attribute '{attr.name}' = {value} does not fit in int32")
+            if attr.minimum is not None and value < attr.minimum:
+                raise onnx.shape_inference.InferenceError(
+                    f"{spec.name}: attribute '{attr.name}' must be >= {attr.minimum:g}, got {value}")
+            if attr.maximum is not None and value > attr.maximum:
+                raise onnx.shape_inference.InferenceError(
+                    f"{spec.name}: attribute '{attr.name}' must be <= {attr.maximum:g}, got {value}")
+
+
 def _infer(spec: OpSpec, ctx) -> None:
+    _check_attributes(spec, ctx)
     dims: dict[str, int | str | None] = {}
     for symbol, attr_name in spec.symbol_attrs.items():
         dims[symbol] = _attribute_value(ctx, spec.attribute(attr_name))
@@ -85,7 +111,7 @@ def _infer(spec: OpSpec, ctx) -> None:
                 dims[symbol] = value
     for derived in spec.derived:
         a, b = dims.get(derived.a), dims.get(derived.b)
-        if isinstance(a, int) and isinstance(b, int):
+        if isinstance(a, int) and isinstance(b, int) and b > 0:
             dims[derived.name] = a * b if derived.op == "mul" else -(-a // b)
     for index, tensor in enumerate(spec.outputs):
         if index >= ctx.get_num_outputs() or not ctx.has_output(index):

@@ -75,6 +75,8 @@ BAD = [
     ("SparseBlockSelect", "top_k missing", lambda x: x, {"top_k": None}, ["'top_k'", "required"]),
     ("SparseBlockSelect", "probe without key_cache", lambda x: x, {"score": "probe"}, ["score='probe'", "'key_cache'"]),
     ("SparseBlockSelect", "num_probes = 0", lambda x: x, {"num_probes": 0}, ["'num_probes'", ">= 1"]),
+    ("SparseBlockSelect", "top_k past int32", lambda x: x, {"top_k": 2**40}, ["'top_k' = 1099511627776", "int32"]),
+    ("QuestMetadata", "block_size past int32", lambda x: x, {"block_size": 2**32 + 4}, ["'block_size'", "int32"]),
     ("SparseBlockAttention", "zero head dim", lambda x: _replace(x, query=np.ones((2, H, S, 0), np.float32), key=np.ones((2, N, S, 0), np.float32), value=np.ones((2, N, S, 0), np.float32), key_cache=np.ones((2, N, C, 0), np.float32), value_cache=np.ones((2, N, C, 0), np.float32)), {}, ["(D) must be positive"]),
 ]
 

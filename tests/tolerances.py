@@ -54,7 +54,9 @@ def assert_equal(actual, expected, name: str, axes: str = "last axis") -> None:
     actual, expected = np.asarray(actual), np.asarray(expected)
     assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
     if actual.dtype.kind == "f":
-        same = (actual.view(np.uint8).reshape(*actual.shape, -1) == expected.view(np.uint8).reshape(*expected.shape, -1)).all(-1)
+        width = actual.dtype.itemsize  # explicit, so that empty arrays reshape too
+        same = (actual.view(np.uint8).reshape(*actual.shape, width)
+                == expected.view(np.uint8).reshape(*expected.shape, width)).all(-1)
     else:
         same = actual == expected
     if same.all():

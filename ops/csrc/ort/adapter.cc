@@ -1,6 +1,7 @@
 // Schema-driven validation and the plumbing between ORT and the framework-free kernels.
 #include "adapter.h"
 
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -101,6 +102,10 @@ Attributes::Attributes(const schema::OpSchema& op, const OrtKernelInfo* info) {
         int64_t value = spec.int_default;
         if (!read_int(info, spec.name, &value) && spec.required)
           throw OpError(op, std::string("attribute '") + spec.name + "' is required");
+        // The kernels' params hold int32 sizes: a wider value must not wrap around silently.
+        if (value < INT32_MIN || value > INT32_MAX)
+          throw OpError(op, std::string("attribute '") + spec.name + "' = " + std::to_string(value) +
+                                " does not fit in int32");
         ints_[spec.name] = value;
         numeric = static_cast<double>(value);
         break;
@@ -134,7 +139,9 @@ Attributes::Attributes(const schema::OpSchema& op, const OrtKernelInfo* info) {
     if (spec.has_minimum && numeric < spec.minimum) bound << ">= " << spec.minimum;
     if (spec.has_maximum && numeric > spec.maximum) bound << "<= " << spec.maximum;
     if (!bound.str().empty())
-      throw OpError(op, std::string("attribute '") + spec.name + "' must be " + bound.str() + ", got " + std::to_string(numeric));
+      throw OpError(op, std::string("attribute '") + spec.name + "' must be " + bound.str() + ", got " +
+                            (spec.kind == schema::AttrKind::Int ? std::to_string(static_cast<int64_t>(numeric))
+                                                                : std::to_string(numeric)));
   }
 }
 
