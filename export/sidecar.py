@@ -78,6 +78,14 @@ class Sidecar:
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
             raise ValueError(f"{path}: format {data.get('format')!r}, this quest_ort reads {FORMAT!r}")
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:  # nothing in a model folder may steer us beyond the known fields
+            raise ValueError(f"{path}: unknown fields {sorted(unknown)}")
+        for field in ("model_file", "tokenizer"):
+            name = data.get(field)
+            if name is not None and (not isinstance(name, str) or pathlib.PurePath(name).is_absolute()
+                                     or ".." in pathlib.PurePath(name).parts or "\\" in name):
+                raise ValueError(f"{path}: {field} {name!r} must be a relative path inside the model folder")
         data["layers"] = [LayerIO(**layer) for layer in data["layers"]]
         return cls(**data)
 

@@ -18,6 +18,7 @@ import pathlib
 import numpy as np
 import onnxruntime as ort
 
+from ..export.safety import check_external_data
 from ..export.sidecar import Sidecar
 from .binding import InPlaceStep
 from .buffers import cache_buffer
@@ -58,6 +59,7 @@ class QuestModel:
         self.directory = pathlib.Path(directory)
         self.sidecar = Sidecar.read(self.directory)
         model_path = self.directory / (model_file or self.sidecar.model_file)
+        check_external_data(model_path)  # a model folder we did not write may point anywhere
         self.session = make_session(str(model_path), threads=threads, providers=providers, initializers=initializers)
         self._initializers = initializers  # ONNX Runtime only borrows them: they must outlive the session
         aliases = {}
@@ -117,9 +119,47 @@ class QuestModel:
             raise CapacityError(
                 f"row {row} would hold {int(total[row])} tokens, past the cache capacity {cache.capacity}; "
                 "nothing was written")
+        if (cache.lengths + new_tokens > cache.capacity).any():  # the ops place all S positions, padding too
+            row = int(np.argmax(cache.lengths + new_tokens > cache.capacity))
+            raise CapacityError(
+                f"row {row} holds {int(cache.lengths[row])} tokens and a step of {new_tokens} positions (padding "
+                f"included) would pass the cache capacity {cache.capacity}; nothing was written")
+        vocab = self.sidecar.vocab_size
+        if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= vocab):
+            raise ValueError(f"input_ids must lie in [0, {vocab}), got values from {input_ids.min()} to "
+                             f"{input_ids.max()}; nothing was written")
         names = self.sidecar.inputs
         feeds = {names["input_ids"]: input_ids, names["past_lens"]: cache.lengths.copy(),
                  names["total_lens"]: total.astype(np.int32), **cache.values}
-        outputs = self._step.run(feeds)
+        saved = self._accumulated_state(cache)
+        try:
+            outputs = self._step.run(feeds)
+        except BaseException:
+            self._restore(cache, saved)
+            raise
         cache.lengths[:] = total
         return outputs[self.sidecar.outputs["logits"]]
+
+    def _accumulated_state(self, cache: KVCache) -> dict:
+        """What a step changes that earlier steps built on: each row's partly filled metadata block
+        (the step folds its keys into it) and the accumulated block importance. Key and value slots
+        past `lengths` hold nothing valid, so a failed step leaves them harmless."""
+        block = cache.lengths // self.sidecar.block_size
+        rows = np.arange(cache.batch)
+        saved = {}
+        for name, array in cache.buffers.items():
+            if name.startswith(("past_block_max.", "past_block_min.")):
+                saved[name] = array[rows, :, np.minimum(block, array.shape[2] - 1)].copy()
+            elif name.startswith("past_block_importance."):
+                saved[name] = array.copy()
+        return saved
+
+    def _restore(self, cache: KVCache, saved: dict) -> None:
+        block = cache.lengths // self.sidecar.block_size
+        rows = np.arange(cache.batch)
+        for name, values in saved.items():
+            array = cache.buffers[name]
+            if array.ndim == 4:
+                array[rows, :, np.minimum(block, array.shape[2] - 1)] = values
+            else:
+                array[...] = values

@@ -20,6 +20,10 @@ def session_options(*, threads: int | None = None, register_library: bool = True
         options.register_custom_ops_library(get_library_path())
     for name, value in (initializers or {}).items():
         options.add_initializer(name, value)
+    if initializers:
+        # Pre-packing would give every session its own packed copy of each weight matrix (about the
+        # model's size again per session), which defeats sharing one copy.
+        options.add_session_config_entry("session.disable_prepacking", "1")
     return options
 
 

@@ -70,3 +70,58 @@ def test_cli_help_explains_every_option():
                    "--importance-fraction", "--dense-layers", "--capacity", "--kv-dtype", "--output"):
         assert option in text, option
     assert "qwen3" in text and "llama" in text
+
+
+def test_the_output_may_not_be_the_input_folder_and_nothing_is_written(tmp_path):
+    from export_models import tiny_model
+    from quest_ort.export.pipeline import ExportError, export_sparse
+    from quest_ort.export.rewrite import SparseSettings
+
+    checkpoint = tiny_model("qwen3").checkpoint
+    before = {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}
+    for output in (checkpoint, checkpoint / "inside"):
+        with pytest.raises(ExportError, match="may not contain or be inside the input's folder"):
+            export_sparse("qwen3", output=output, settings=SparseSettings(top_k=4), model=str(checkpoint),
+                          overwrite=True, log=lambda *a, **k: None)
+    assert {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")} == before
+
+
+def _exported_copy(tmp_path) -> pathlib.Path:
+    import shutil
+
+    from export_models import quest_export
+
+    folder = tmp_path / "model"
+    shutil.copytree(quest_export("qwen3", top_k=4), folder)
+    return folder
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("library_path", "/tmp/evil.so", "unknown fields"),
+    ("model_file", "../elsewhere.onnx", "relative path inside the model folder"),
+    ("model_file", "/etc/model.onnx", "relative path inside the model folder"),
+    ("tokenizer", "../../tok", "relative path inside the model folder"),
+])
+def test_a_sidecar_cannot_point_outside_its_folder_or_name_a_library(tmp_path, field, value, words):
+    import json
+
+    from quest_ort.runtime.model import QuestModel
+
+    folder = _exported_copy(tmp_path)
+    sidecar = json.loads((folder / "quest_model.json").read_text())
+    sidecar[field] = value
+    (folder / "quest_model.json").write_text(json.dumps(sidecar))
+    with pytest.raises(ValueError, match=words):
+        QuestModel(folder)
+
+
+def test_the_runtime_refuses_a_model_whose_data_escapes_its_folder(tmp_path):
+    from quest_ort.runtime.model import QuestModel
+
+    folder = _exported_copy(tmp_path)
+    data = folder / "model.quest.onnx.data"
+    outside = tmp_path / "outside.data"
+    data.rename(outside)
+    os.symlink(outside, data)
+    with pytest.raises(UnsafeModelError, match="symbolic link"):
+        QuestModel(folder)

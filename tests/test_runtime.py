@@ -97,6 +97,45 @@ def test_a_request_past_the_capacity_fails_first_and_changes_nothing():
     assert generator.generate(prompts, Sampling(max_new_tokens=8)) == kept
 
 
+@pytest.mark.parametrize("failure", ["after the graph ran", "bad token id", "padding past the capacity"])
+def test_a_failed_step_leaves_the_caches_as_they_were(failure):
+    """A step that fails (here: after every layer has written, the worst case) leaves the
+    metadata and importance that later steps build on untouched; the cache continues exactly as a
+    cache that never saw the failure."""
+    model = QuestModel(quest_export("qwen3", top_k=4, importance_fraction=0.5), threads=1)
+    prompt = _prompts()[0] + _prompts()[2]  # 70 tokens: the last block is partly filled
+    clean, broken = model.new_cache(1, capacity=80), model.new_cache(1, capacity=80)
+    model.step(clean, np.array([prompt]))
+    model.step(broken, np.array([prompt]))
+    if failure == "after the graph ran":
+        step = model._step
+        original = step.run
+
+        def run_then_fail(feeds):
+            original(feeds)
+            raise RuntimeError("injected failure")
+
+        step.run = run_then_fail
+        with pytest.raises(RuntimeError, match="injected"):
+            model.step(broken, np.array([[7, 8, 9]]))
+        del step.run
+    elif failure == "bad token id":
+        with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 256\)"):
+            model.step(broken, np.array([[7, 256]]))
+    else:
+        with pytest.raises(CapacityError, match="padding included"):
+            model.step(broken, np.zeros((1, 11), np.int64), valid=np.array([1]))
+    assert broken.lengths.tolist() == [70]
+    for name, array in broken.buffers.items():
+        valid = array[:, :, :70] if name.startswith(("past_key.", "past_value.")) else array[:, :, : -(-70 // 16)]
+        reference = clean.buffers[name][:, :, : valid.shape[2]]
+        np.testing.assert_array_equal(valid, reference, err_msg=f"{name} changed by the failed step")
+    for token in (3, 1, 4, 1, 5):
+        want = model.step(clean, np.array([[token]]))
+        got = model.step(broken, np.array([[token]]))
+        np.testing.assert_array_equal(got, want)
+
+
 def test_dense_gqa_baseline_generates_the_same_tokens_when_the_budget_covers_the_context():
     prompts = _prompts()
     comparison = compare(_quest(), _gqa(), prompts, Sampling(max_new_tokens=64))
