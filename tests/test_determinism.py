@@ -1,13 +1,22 @@
-"""Determinism through ONNX Runtime: repeated runs and different thread counts give identical bits.
+"""Determinism through ONNX Runtime: repeated runs, thread counts and kernel variants (QUEST_ORT_ISA,
+one process per variant) give identical bits, ties and zero-filled caches included.
 
-(Across instruction sets the kernel driver test compares every variant with the scalar kernel.)
+(The kernel driver test also compares every variant, NEON under qemu, with the scalar kernel.)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
 import pytest
 
 from cases import CASES, OP_ARGUMENTS, make_data
+from quest_ort.ops import native_supported_isas
 from quest_ort.runtime.single_op import run_op
 from tolerances import assert_equal
 
@@ -20,12 +29,55 @@ OUTPUTS = {
 }
 
 
+FILLS = ("random", "zeros")
+
+
+def case_data(case, fill: str):
+    """The case's data, or the same with every key zero: all blocks score 0 and tie."""
+    data = make_data(case)
+    if fill == "zeros":
+        zero = {name: np.zeros_like(getattr(data, name)) for name in ("key", "key_cache", "block_max", "block_min")}
+        data = dataclasses.replace(data, **zero)
+    return data
+
+
+def all_outputs(threads: int) -> dict[str, np.ndarray]:
+    """Every op's outputs on the busy cases and both fills, by a flat name."""
+    results = {}
+    for case in BUSY:
+        for fill in FILLS:
+            for op_name, outputs in OUTPUTS.items():
+                inputs, attributes = OP_ARGUMENTS[op_name](case_data(case, fill))
+                for name, value in run_op(op_name, inputs, attributes, outputs=outputs, threads=threads).items():
+                    results[f"{case.id}/{fill}/{op_name}/{name}"] = value
+    return results
+
+
+@pytest.mark.parametrize("fill", FILLS)
 @pytest.mark.parametrize("op_name", list(OUTPUTS))
 @pytest.mark.parametrize("case", BUSY, ids=lambda case: case.id)
-def test_same_bits_for_any_thread_count_and_run(case, op_name):
-    inputs, attributes = OP_ARGUMENTS[op_name](make_data(case))
+def test_same_bits_for_any_thread_count_and_run(case, op_name, fill):
+    inputs, attributes = OP_ARGUMENTS[op_name](case_data(case, fill))
     first = run_op(op_name, inputs, attributes, outputs=OUTPUTS[op_name], threads=1)
     for threads in (1, 2, 3):
         again = run_op(op_name, inputs, attributes, outputs=OUTPUTS[op_name], threads=threads)
         for name, value in first.items():
             assert_equal(again[name], value, f"{name} with {threads} threads")
+
+
+@pytest.mark.parametrize("isa", [isa for isa in native_supported_isas() if isa != "scalar"])
+def test_same_bits_for_every_kernel_variant(isa, tmp_path):
+    """Each SIMD variant, forced by QUEST_ORT_ISA in its own process, against the scalar kernel."""
+    outputs = {}
+    for variant in ("scalar", isa):
+        path = tmp_path / f"{variant}.npz"
+        script = (f"import sys; sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r}); import numpy as np; "
+                  f"import test_determinism as t; from quest_ort.ops import native_kernel_isa; "
+                  f"assert native_kernel_isa() == {variant!r}, native_kernel_isa(); "
+                  f"np.savez({str(path)!r}, **t.all_outputs(threads=2))")
+        subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "QUEST_ORT_ISA": variant},
+                       cwd=tmp_path)
+        outputs[variant] = dict(np.load(path))
+    assert outputs["scalar"].keys() == outputs[isa].keys()
+    for name, value in outputs["scalar"].items():
+        assert_equal(outputs[isa][name], value, f"{isa} vs scalar: {name}")

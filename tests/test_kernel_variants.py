@@ -9,6 +9,7 @@ cross-compiled with Debian's g++-aarch64-linux-gnu and run with qemu-aarch64.
 from __future__ import annotations
 
 import functools
+import os
 import pathlib
 import shutil
 import subprocess
@@ -21,8 +22,10 @@ from quest_ort.ops.reference import quest_metadata, sparse_block_attention, spar
 from tolerances import assert_close, assert_equal
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# QUEST_ORT_NATIVE_DRIVER points at another native build (make test-sanitize: the ASan+UBSan one).
+NATIVE_DRIVER = os.environ.get("QUEST_ORT_NATIVE_DRIVER", str(REPO / "build" / "driver-native" / "quest_kernel_driver"))
 MACHINES = {
-    "native": ([str(REPO / "build" / "driver-native" / "quest_kernel_driver")], ("scalar",)),
+    "native": ([NATIVE_DRIVER], ("scalar",)),
     "aarch64": (["qemu-aarch64", str(REPO / "build" / "driver-aarch64" / "quest_kernel_driver")], ("neon", "scalar")),
 }
 OUTPUTS = {
