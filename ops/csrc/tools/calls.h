@@ -1,0 +1,106 @@
+// Loading one op call of a driver case (inputs and params), running it, writing its outputs:
+// shared by the kernel driver (every ISA variant) and the CANN emulator.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../kernels/quest_metadata.h"
+#include "../kernels/sparse_block_attention.h"
+#include "../kernels/sparse_block_select.h"
+#include "case_io.h"
+
+namespace quest::tools {
+
+// run_<op>(case, variant, run): builds the op's params from the case, calls run(params), then
+// writes the outputs as <variant>.<output>.bin.
+template <typename Run>
+void run_metadata(const Case& c, const std::string& variant, Run&& run) {
+  const int64_t B = c.integer("B"), N = c.integer("N"), S = c.integer("S"), D = c.integer("D"), M = c.integer("M");
+  const DType T = c.dtype("T"), TC = c.dtype("TC");
+  auto key = c.read("key", bytes_of(T, B * N * S * D));
+  auto block_max = c.read("block_max", bytes_of(TC, B * N * M * D));
+  auto block_min = c.read("block_min", bytes_of(TC, B * N * M * D));
+  auto past = c.read("past_lens", 4 * B), total = c.read("total_lens", 4 * B);
+  QuestMetadataParams p;
+  p.batch = B, p.kv_heads = N, p.new_tokens = S, p.head_dim = D, p.num_blocks = M, p.block_size = c.integer("P");
+  p.past_lens = reinterpret_cast<const int32_t*>(past.data());
+  p.total_lens = reinterpret_cast<const int32_t*>(total.data());
+  p.key_type = T, p.cache_type = TC, p.key = key.data(), p.block_max = block_max.data(), p.block_min = block_min.data();
+  run(p);
+  c.write(variant, "block_max_out", block_max.data(), block_max.size());
+  c.write(variant, "block_min_out", block_min.data(), block_min.size());
+}
+
+template <typename Run>
+void run_select(const Case& c, const std::string& variant, Run&& run) {
+  const int64_t B = c.integer("B"), H = c.integer("H"), N = c.integer("N"), S = c.integer("S"), D = c.integer("D");
+  const int64_t M = c.integer("M"), K = c.integer("K");
+  const DType T = c.dtype("T"), TC = c.dtype("TC");
+  auto query = c.read("query", bytes_of(T, B * H * S * D));
+  auto block_max = c.read("block_max", bytes_of(TC, B * N * M * D));
+  auto block_min = c.read("block_min", bytes_of(TC, B * N * M * D));
+  auto past = c.read("past_lens", 4 * B), total = c.read("total_lens", 4 * B);
+  std::vector<char> importance;
+  if (c.integer("with_importance")) importance = c.read("block_importance", 4 * B * N * M);
+  std::vector<int32_t> indices(B * N * S * K);
+  const bool probe = c.text("score") == "probe";
+  std::vector<char> key_cache, key;
+  if (probe) {
+    key_cache = c.read("key_cache", bytes_of(TC, B * N * c.integer("C") * D));
+    key = c.read("key", bytes_of(T, B * N * S * D));
+  }
+  SparseBlockSelectParams p;
+  p.batch = B, p.num_heads = H, p.kv_heads = N, p.query_len = S, p.head_dim = D, p.num_blocks = M;
+  p.block_size = c.integer("P"), p.top_k = K, p.sink_blocks = c.integer("sink_blocks");
+  p.recent_blocks = c.integer("recent_blocks");
+  p.reduce = c.text("group_reduce") == "max" ? GroupReduce::Max : GroupReduce::Mean;
+  p.importance_fraction = c.real("importance_fraction");
+  p.score = probe ? ScoreMode::Probe : ScoreMode::Bound;
+  p.num_probes = c.integer("num_probes");
+  p.capacity = probe ? c.integer("C") : 0;
+  p.key_cache = probe ? key_cache.data() : nullptr;
+  p.key = probe ? key.data() : nullptr;
+  p.past_lens = reinterpret_cast<const int32_t*>(past.data());
+  p.total_lens = reinterpret_cast<const int32_t*>(total.data());
+  p.block_importance = importance.empty() ? nullptr : reinterpret_cast<const float*>(importance.data());
+  p.query_type = T, p.cache_type = TC, p.query = query.data(), p.block_max = block_max.data();
+  p.block_min = block_min.data(), p.block_indices = indices.data();
+  run(p);
+  c.write(variant, "block_indices", indices.data(), indices.size() * 4);
+}
+
+template <typename Run>
+void run_attention(const Case& c, const std::string& variant, Run&& run) {
+  const int64_t B = c.integer("B"), H = c.integer("H"), N = c.integer("N"), S = c.integer("S"), D = c.integer("D");
+  const int64_t C = c.integer("C"), P = c.integer("P"), K = c.integer("K");
+  const DType T = c.dtype("T"), TC = c.dtype("TC");
+  auto query = c.read("query", bytes_of(T, B * H * S * D));
+  auto key = c.read("key", bytes_of(T, B * N * S * D));
+  auto value = c.read("value", bytes_of(T, B * N * S * D));
+  auto key_cache = c.read("key_cache", bytes_of(TC, B * N * C * D));
+  auto value_cache = c.read("value_cache", bytes_of(TC, B * N * C * D));
+  auto past = c.read("past_lens", 4 * B), total = c.read("total_lens", 4 * B);
+  std::vector<char> indices;
+  if (K > 0) indices = c.read("block_indices", 4 * B * N * S * K);
+  const int64_t num_blocks = (C + P - 1) / P;
+  std::vector<char> output(bytes_of(T, B * S * H * D));
+  std::vector<float> importance(B * N * num_blocks);
+  SparseBlockAttentionParams p;
+  p.batch = B, p.num_heads = H, p.kv_heads = N, p.query_len = S, p.head_dim = D, p.capacity = C;
+  p.block_size = P, p.num_blocks = num_blocks, p.top_k = K, p.scale = c.real("scale"), p.softcap = c.real("softcap");
+  p.past_lens = reinterpret_cast<const int32_t*>(past.data());
+  p.total_lens = reinterpret_cast<const int32_t*>(total.data());
+  p.block_indices = indices.empty() ? nullptr : reinterpret_cast<const int32_t*>(indices.data());
+  p.activation_type = T, p.cache_type = TC, p.query = query.data(), p.key = key.data(), p.value = value.data();
+  p.key_cache = key_cache.data(), p.value_cache = value_cache.data(), p.output = output.data();
+  p.block_importance = importance.data();
+  run(p);
+  c.write(variant, "output", output.data(), output.size());
+  c.write(variant, "key_cache_out", key_cache.data(), key_cache.size());
+  c.write(variant, "value_cache_out", value_cache.data(), value_cache.size());
+  c.write(variant, "block_importance", importance.data(), importance.size() * 4);
+}
+
+}  // namespace quest::tools
