@@ -66,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--score", choices=("bound", "probe"), default="bound",
                    help="block scores: Quest's upper bound (default) or probes of num-probes keys per block")
     p.add_argument("--num-probes", type=_positive, default=8, help="keys per block read by --score probe (default 8)")
+    p.add_argument("--portable", action="store_true",
+                   help="write every Quest op as its standard-op function body: runs without the op library, e.g. "
+                   "on ONNX Runtime's CANN execution provider in graph mode (slower on CPUs; docs/cann.md)")
     p.add_argument("--dense-layers", type=_layers, default=(0, 1),
                    help="layers that keep dense attention, e.g. 0,1 (default) or none")
     p.add_argument("--capacity", type=_positive, default=None,
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
         top_k=args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,
         group_reduce=args.group_reduce, importance_fraction=args.importance_fraction,
         dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, attention=args.attention,
-        score=args.score, num_probes=args.num_probes,
+        score=args.score, num_probes=args.num_probes, portable=args.portable,
     )
     output = args.output or pathlib.Path(f"{args.family}-{args.attention}-k{args.k}")
     try:

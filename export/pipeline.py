@@ -156,10 +156,19 @@ def _save(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, sett
     import onnx
     import onnx_ir as ir
 
+    from ..graphs.functions import expand_quest_nodes
+    from ..graphs.portable import resolve_cast_like, value_types
+
     staged = work / "out"
     staged.mkdir()
     _load_external_constants(onnx_model)
+    if settings.portable:  # every Quest node as its standard-op body: no op library needed to run it
+        expand_quest_nodes(onnx_model)
     ir.save(onnx_model, staged / MODEL_FILE, external_data=MODEL_FILE + ".data")
+    if settings.portable:  # the bodies' dtype-generic CastLike becomes Cast (CANN's graph mode has no CastLike)
+        graph_only = onnx.load(str(staged / MODEL_FILE), load_external_data=False)
+        resolve_cast_like(graph_only, value_types(staged / MODEL_FILE))
+        onnx.save(graph_only, str(staged / MODEL_FILE))  # the data file stays as written
     check_model_path(staged / MODEL_FILE)
     sidecar = Sidecar(
         model_file=MODEL_FILE, family=family, source=source, num_layers=geometry.num_layers,
@@ -172,6 +181,7 @@ def _save(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, sett
         layers=[Sidecar.layer_io(layer, layer in counts["sparse_layers"], settings.importance)
                 for layer in range(geometry.num_layers)],
         eos_token_ids=eos, attention=settings.attention, score=settings.score, num_probes=settings.num_probes,
+        portable=settings.portable,
         exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "input_kind": counts["kind"],
                   "rules": sorted(set(counts["layers"].values()))},
     )

@@ -61,6 +61,7 @@ class Sidecar:
     attention: str = "quest"  # "quest", or "gqa" for the dense GroupQueryAttention baseline
     score: str = "bound"
     num_probes: int = 8
+    portable: bool = False  # the Quest nodes are written as standard-op bodies: no op library needed
     exporter: dict = dataclasses.field(default_factory=dict)
     format: str = FORMAT
 

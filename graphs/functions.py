@@ -47,6 +47,12 @@ def _set_opsets(model: ir.Model, keep_quest: bool) -> None:
 def expand_quest_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` with every Quest node replaced by its standard-op body, inlined."""
     model_ir = ir.serde.deserialize_model(model)
+    expand_quest_nodes(model_ir)
+    return ir.serde.serialize_model(model_ir)
+
+
+def expand_quest_nodes(model_ir: ir.Model) -> None:
+    """Replace every Quest node of `model_ir` by its standard-op body, in place."""
     graph = model_ir.graph
     for node in _quest_nodes(graph):
         inputs, attributes = _node_arguments(node)
@@ -58,7 +64,6 @@ def expand_quest_ops(model: onnx.ModelProto) -> onnx.ModelProto:
             graph, node, [node], tape.nodes, [old for old, _ in pairs], [new for _, new in pairs]
         )
     _set_opsets(model_ir, keep_quest=False)
-    return ir.serde.serialize_model(model_ir)
 
 
 def function_body(op_name: str, inputs_present: tuple[bool, ...], attributes: dict) -> onnx.FunctionProto:

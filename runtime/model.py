@@ -60,7 +60,8 @@ class QuestModel:
         self.sidecar = Sidecar.read(self.directory)
         model_path = self.directory / (model_file or self.sidecar.model_file)
         check_external_data(model_path)  # a model folder we did not write may point anywhere
-        self.session = make_session(str(model_path), threads=threads, providers=providers, initializers=initializers)
+        self.session = make_session(str(model_path), threads=threads, providers=providers, initializers=initializers,
+                                    register_library=not self.sidecar.portable)
         self._initializers = initializers  # ONNX Runtime only borrows them: they must outlive the session
         aliases = {}
         for layer in self.sidecar.layers:
@@ -71,7 +72,10 @@ class QuestModel:
                 aliases[layer.present_block_min] = layer.past_block_min
             if layer.past_block_importance:
                 aliases[layer.present_block_importance] = layer.past_block_importance
-        self._step = InPlaceStep(self.session, aliases)
+        # A portable graph's standard ops may read a cache after writing their output, so its presents
+        # are not bound in place: they come back as arrays and are copied into the caches.
+        self._copy_back = aliases if self.sidecar.portable else {}
+        self._step = InPlaceStep(self.session, {} if self.sidecar.portable else aliases)
         self._kv_dtype = np.dtype(self.sidecar.kv_dtype)
 
     def prefill_chunk(self, batch: int, preferred: int) -> int:
@@ -137,6 +141,8 @@ class QuestModel:
         except BaseException:
             self._restore(cache, saved)
             raise
+        for present, past in self._copy_back.items():
+            cache.buffers[past][...] = outputs[present]
         cache.lengths[:] = total
         return outputs[self.sidecar.outputs["logits"]]
 

@@ -24,6 +24,8 @@ class SparseSettings:
     # "quest": the Quest ops; "gqa": the dense baseline, com.microsoft.GroupQueryAttention over the
     # same in-place caches and model I/O (for side-by-side comparisons in one runtime)
     attention: str = "quest"
+    # Write every Quest node as its standard-op body: a graph of standard ops only (graphs/portable.py)
+    portable: bool = False
     score: str = "bound"  # SparseBlockSelect's policy: "bound" or "probe" (then reads the key cache)
     num_probes: int = 8
     # Carry every layer's accumulated attention mass per block (past/present_block_importance.l)

@@ -74,7 +74,7 @@ def sparse_block_attention_body(
     neg_inf = const(op, -np.inf, np.float32)
     masked = op.Where(mask, logits, neg_inf)
     row_max = op.ReduceMax(masked, ints(op, -1), keepdims=1)
-    row_max = op.Where(op.IsInf(row_max, detect_positive=0), const(op, 0.0, np.float32), row_max)
+    row_max = op.Where(op.Equal(row_max, neg_inf), const(op, 0.0, np.float32), row_max)  # rows with nothing to attend
     weights = op.Where(mask, op.Exp(op.Sub(masked, row_max)), const(op, 0.0, np.float32))
     total = op.ReduceSum(weights, ints(op, -1), keepdims=1)
     probabilities = op.Div(weights, op.Where(op.Greater(total, const(op, 0.0, np.float32)), total, const(op, 1.0, np.float32)))

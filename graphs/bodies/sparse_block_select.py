@@ -27,8 +27,10 @@ def _rank(op, values_f32, candidates, M):
     `values_f32` broadcasts against `candidates` [B, N, S, M].
     """
     as_double = op.Cast(values_f32, to=F64)
-    is_nan = op.IsNaN(values_f32)
-    is_neg_inf = op.IsInf(values_f32, detect_positive=0)
+    # NaN is the value not equal to itself; Equal/Not rather than IsNaN/IsInf, which CANN's graph
+    # mode does not take (graphs/portable.py).
+    is_nan = op.Not(op.Equal(values_f32, values_f32))
+    is_neg_inf = op.Equal(values_f32, const(op, -np.inf, np.float32))
     key = op.Where(is_neg_inf, const(op, -1e299, np.float64), as_double)
     key = op.Where(is_nan, const(op, -1e300, np.float64), key)
     key = op.Where(candidates, key, const(op, -np.inf, np.float64))
