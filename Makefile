@@ -64,7 +64,9 @@ sanitize-build: $(DEPS)
 # The suites that drive the kernels and the adapter's validation, against the sanitizer build.
 test-sanitize: sanitize-build
 	$(SANITIZED_ENV) QUEST_ORT_NATIVE_DRIVER=$(abspath build/driver-asan/quest_kernel_driver) \
-	  $(PYTEST) -q -p no:cacheprovider $(SANITIZED_SUITES) tests/test_kernel_variants.py -k "not aarch64"
+	  QUEST_ORT_CANN_EMULATOR=$(abspath build/driver-asan/quest_cann_emulator) \
+	  $(PYTEST) -q -p no:cacheprovider $(SANITIZED_SUITES) tests/test_kernel_variants.py tests/test_cann.py \
+	  -k "not aarch64 and not portable and not build_option"
 
 # A short fuzzing run of the ops' validation (tests/fuzz/fuzz_ops.py; about 2 minutes): first
 # coverage-guided on the normal build, growing build/fuzz/corpus, then that corpus and its

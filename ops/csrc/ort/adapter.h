@@ -92,11 +92,18 @@ void parallel_for(OrtKernelContext* context, int64_t total, const std::function<
 
 size_t element_size(DType dtype);
 
+// Where a kernel class runs: the execution provider it registers for (null: the CPU) and which
+// inputs ORT hands it in host memory. The CANN library (ops/csrc/cann/ort) has its own.
+struct CpuPlacement {
+  static const char* execution_provider() { return nullptr; }
+  static bool host_input(const schema::OpSchema&, size_t) { return false; }
+};
+
 // Registers one ORT custom op per (activation, cache) dtype pair for a kernel class.
 // The kernel class provides: Kernel(const OrtKernelInfo*) and void Compute(OrtKernelContext*),
 // and a static `schema()` returning its generated schema.
-template <typename Kernel>
-struct QuestCustomOp : Ort::CustomOpBase<QuestCustomOp<Kernel>, Kernel, true> {
+template <typename Kernel, typename Placement = CpuPlacement>
+struct QuestCustomOp : Ort::CustomOpBase<QuestCustomOp<Kernel, Placement>, Kernel, true> {
   QuestCustomOp(ONNXTensorElementDataType activation, ONNXTensorElementDataType cache)
       : activation_(activation), cache_(cache) {}
 
@@ -109,6 +116,10 @@ struct QuestCustomOp : Ort::CustomOpBase<QuestCustomOp<Kernel>, Kernel, true> {
     }
   }
   const char* GetName() const { return Kernel::schema().name; }
+  const char* GetExecutionProviderType() const { return Placement::execution_provider(); }
+  OrtMemType GetInputMemoryType(size_t i) const {
+    return Placement::host_input(Kernel::schema(), i) ? OrtMemTypeCPUInput : OrtMemTypeDefault;
+  }
   size_t GetInputTypeCount() const { return Kernel::schema().num_inputs; }
   size_t GetOutputTypeCount() const { return Kernel::schema().num_outputs; }
   ONNXTensorElementDataType GetInputType(size_t i) const { return resolve(Kernel::schema().inputs[i].elem); }

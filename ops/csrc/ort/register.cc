@@ -33,6 +33,13 @@ void add_variants(Ort::CustomOpDomain& domain) {
 }
 
 }  // namespace
+
+void add_cpu_ops(Ort::CustomOpDomain& domain) {
+  add_variants<QuestMetadataKernel>(domain);
+  add_variants<SparseBlockSelectKernel>(domain);
+  add_variants<SparseBlockAttentionKernel>(domain);
+}
+
 }  // namespace quest::ort
 
 extern "C" {
@@ -48,9 +55,10 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
     static Ort::CustomOpDomain* domain = nullptr;
     std::call_once(once, [] {
       domain = new Ort::CustomOpDomain(quest::schema::kDomain);
-      quest::ort::add_variants<quest::ort::QuestMetadataKernel>(*domain);
-      quest::ort::add_variants<quest::ort::SparseBlockSelectKernel>(*domain);
-      quest::ort::add_variants<quest::ort::SparseBlockAttentionKernel>(*domain);
+      quest::ort::add_cpu_ops(*domain);
+#ifdef QUEST_ORT_WITH_CANN
+      quest::ort::add_cann_ops(*domain);  // libquest_ort_cann.so: the NPU kernels as well
+#endif
     });
     Ort::UnownedSessionOptions(options).Add(*domain);
     return nullptr;
