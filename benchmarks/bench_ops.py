@@ -231,6 +231,14 @@ def summarize(rows, bandwidth):
     gqa2, dense2 = ms(kind="gqa", heads="32/8/128", context=32768, dtype="float32", threads=2), two
     if gqa2 and dense2:
         out["dense_speedup_vs_gqa_two_threads"] = round(gqa2 / dense2, 2)
+    headline2 = dict(headline, threads=2)
+    step2 = ms(kind="sparse_step", block_size=32, top_k=32, **headline2)
+    if gqa2 and step2:
+        out["sparse_step_speedup_vs_gqa_two_threads"] = round(gqa2 / step2, 1)
+    for kind in ("select", "sparse_attention"):
+        value = gbs(kind=kind, block_size=32, top_k=32, **headline2)
+        if value:
+            out[f"{kind}_fraction_of_two_thread_bandwidth"] = round(value / bandwidth[2], 3)
     for dtype in DTYPES:
         g = ms(kind="gqa", heads="32/8/128", context=32768, dtype=dtype, threads=1)
         s = ms(kind="sparse_step", heads="32/8/128", context=32768, dtype=dtype, block_size=32, top_k=32, threads=1)
@@ -297,6 +305,9 @@ def main(argv=None):
                     print(f"H={H} N={N} D={D} C={C} {dtype} P={P} K={K}", flush=True)
                     bench_config(cfg, P, K, 1, rng, True, rows)
                 if C in contexts:
+                    # The headline budget again on two threads, next to GQA and dense on two threads.
+                    print(f"H={H} N={N} D={D} C={C} {dtype} P=32 K=32, 2 threads", flush=True)
+                    bench_config(cfg, 32, 32, 2, rng, True, rows)
                     print(f"H={H} N={N} D={D} C={C} {dtype} dense", flush=True)
                     for threads in (1, 2):
                         bench_dense(cfg, threads, True, rows)
