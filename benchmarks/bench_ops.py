@@ -208,16 +208,18 @@ def summarize(rows, bandwidth):
 
     headline = dict(heads="32/8/128", context=32768, dtype="float32", threads=1)
     out = {}
-    gqa, step = ms(kind="gqa", **headline), ms(kind="sparse_step", block_size=32, top_k=32, **headline)
-    dense = ms(kind="dense", **headline)
-    if gqa and step:
-        out["sparse_step_speedup_vs_gqa"] = round(gqa / step, 1)
-    if gqa and dense:
-        out["dense_speedup_vs_gqa"] = round(gqa / dense, 2)
-    for kind in ("select", "sparse_attention"):
-        value = gbs(kind=kind, block_size=32, top_k=32, **headline)
-        if value:
-            out[f"{kind}_fraction_of_bandwidth"] = round(value / bandwidth[1], 3)
+    for threads, suffix, label in ((1, "", ""), (2, "_two_threads", "two_thread_")):
+        at = dict(headline, threads=threads)
+        gqa, dense = ms(kind="gqa", **at), ms(kind="dense", **at)
+        step = ms(kind="sparse_step", block_size=32, top_k=32, **at)
+        if gqa and step:
+            out[f"sparse_step_speedup_vs_gqa{suffix}"] = round(gqa / step, 1)
+        if gqa and dense:
+            out[f"dense_speedup_vs_gqa{suffix}"] = round(gqa / dense, 2)
+        for kind in ("select", "sparse_attention"):
+            value = gbs(kind=kind, block_size=32, top_k=32, **at)
+            if value:
+                out[f"{kind}_fraction_of_{label}bandwidth"] = round(value / bandwidth[threads], 3)
     build = gbs(kind="metadata_build", context=32768, dtype="float32", block_size=32, threads=1)
     if build:
         out["metadata_build_fraction_of_bandwidth"] = round(build / bandwidth[1], 3)
@@ -225,20 +227,9 @@ def summarize(rows, bandwidth):
     large = ms(kind="metadata_update", heads="32/8/128", context=65536, dtype="float32", block_size=32, threads=1)
     if small and large:
         out["metadata_update_64k_over_4k"] = round(large / small, 2)
-    two = ms(kind="dense", heads="32/8/128", context=32768, dtype="float32", threads=2)
-    if dense and two:
-        out["dense_two_thread_speedup"] = round(dense / two, 2)
-    gqa2, dense2 = ms(kind="gqa", heads="32/8/128", context=32768, dtype="float32", threads=2), two
-    if gqa2 and dense2:
-        out["dense_speedup_vs_gqa_two_threads"] = round(gqa2 / dense2, 2)
-    headline2 = dict(headline, threads=2)
-    step2 = ms(kind="sparse_step", block_size=32, top_k=32, **headline2)
-    if gqa2 and step2:
-        out["sparse_step_speedup_vs_gqa_two_threads"] = round(gqa2 / step2, 1)
-    for kind in ("select", "sparse_attention"):
-        value = gbs(kind=kind, block_size=32, top_k=32, **headline2)
-        if value:
-            out[f"{kind}_fraction_of_two_thread_bandwidth"] = round(value / bandwidth[2], 3)
+    one, two = ms(kind="dense", **headline), ms(kind="dense", **dict(headline, threads=2))
+    if one and two:
+        out["dense_two_thread_speedup"] = round(one / two, 2)
     for dtype in DTYPES:
         g = ms(kind="gqa", heads="32/8/128", context=32768, dtype=dtype, threads=1)
         s = ms(kind="sparse_step", heads="32/8/128", context=32768, dtype=dtype, block_size=32, top_k=32, threads=1)
