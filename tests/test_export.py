@@ -25,6 +25,17 @@ def _prompt(seed: int, length: int = PROMPT, vocab: int = 256) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab, size=length).tolist()
 
 
+def _decode_against_optimum(model, tiny, prompt, dtype, label):
+    """Greedy-decodes `prompt` and checks every step's logits against the optimum graph fed the
+    same tokens; returns (tokens, logits, optimum's logits)."""
+    tokens, logits = greedy(model, [prompt], DECODE, return_logits=True)
+    tokens = tokens[0]
+    expected = OptimumRunner(tiny).run(prompt, tokens[:-1])
+    for step, (got, want) in enumerate(zip(logits, expected)):
+        assert_close(got[0], want, dtype, f"{label} logits of step {step} vs optimum")
+    return tokens, logits, expected
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_budget_covering_the_context_matches_optimum_and_pytorch(family):
     import torch
@@ -33,11 +44,7 @@ def test_budget_covering_the_context_matches_optimum_and_pytorch(family):
     tiny = tiny_model(family)
     model = QuestModel(quest_export(family, top_k=64), threads=1)  # 64 blocks of 16: all of them
     prompt = _prompt(1)
-    tokens, logits = greedy(model, [prompt], DECODE, return_logits=True)
-    tokens = tokens[0]
-    expected = OptimumRunner(tiny).run(prompt, tokens[:-1])
-    for step, (got, want) in enumerate(zip(logits, expected)):
-        assert_close(got[0], want, np.float32, f"logits of step {step} vs optimum")
+    tokens, logits, expected = _decode_against_optimum(model, tiny, prompt, np.float32, "float32")
     assert tokens == [int(np.argmax(x)) for x in expected], "greedy tokens differ from the optimum graph's"
     hf = transformers.AutoModelForCausalLM.from_pretrained(tiny.checkpoint, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -117,11 +124,7 @@ def test_float16_kv_stays_close_to_float32(family):
     tiny = tiny_model(family)
     model = QuestModel(quest_export(family, top_k=64, kv_dtype="float16"), threads=1)
     assert model.sidecar.kv_dtype == "float16"
-    prompt = _prompt(5)
-    tokens, logits = greedy(model, [prompt], DECODE, return_logits=True)
-    expected = OptimumRunner(tiny).run(prompt, tokens[0][:-1])
-    for step, (got, want) in enumerate(zip(logits, expected)):
-        assert_close(got[0], want, np.float16, f"float16-KV logits of step {step}")
+    _decode_against_optimum(model, tiny, _prompt(5), np.float16, "float16-KV")
 
 
 def test_capacity_is_checked_before_anything_runs():
@@ -167,11 +170,7 @@ def test_probe_and_importance_exports_match_optimum_when_the_budget_covers(score
     folder = quest_export("qwen3", top_k=64, score=score, importance_fraction=importance_fraction)
     model = QuestModel(folder, threads=1)
     assert (model.sidecar.score, model.sidecar.importance_fraction) == (score, importance_fraction)
-    prompt = _prompt(7)
-    tokens, logits = greedy(model, [prompt], DECODE, return_logits=True)
-    expected = OptimumRunner(tiny).run(prompt, tokens[0][:-1])
-    for step, (got, want) in enumerate(zip(logits, expected)):
-        assert_close(got[0], want, np.float32, f"{score}/importance {importance_fraction} logits of step {step}")
+    _decode_against_optimum(model, tiny, _prompt(7), np.float32, f"{score}/importance {importance_fraction}")
 
 
 def test_importance_accumulates_the_attention_mass_of_every_query():
