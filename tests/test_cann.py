@@ -48,12 +48,19 @@ def _plan(run) -> dict:
     return {words[i]: int(words[i + 1]) for i in range(0, len(words) - 1, 2) if re.fullmatch(r"-?\d+", words[i + 1])}
 
 
+def _emulated_plan(directory, op_name, case, npu):
+    """Runs `op_name` on `case` in the emulator of `npu`; checks the plan stays within the NPU's
+    cores and UB; returns (plan, the inputs, the reference outputs)."""
+    inputs, attributes, expected = reference_outputs(op_name, case)
+    plan = _plan(_emulate(directory, op_name, inputs, attributes, case, npu))
+    assert plan["cores"] <= NPUS[npu][0] and plan["ub_used"] <= NPUS[npu][1]
+    return plan, inputs, expected
+
+
 @pytest.mark.parametrize("npu", list(NPUS))
 @pytest.mark.parametrize("case", BOUND_CASES, ids=lambda case: case.id)
 def test_metadata_plan_matches_the_reference(case, npu, tmp_path):
-    inputs, attributes, expected = reference_outputs("QuestMetadata", case)
-    plan = _plan(_emulate(tmp_path, "QuestMetadata", inputs, attributes, case, npu))
-    assert plan["cores"] <= NPUS[npu][0] and plan["ub_used"] <= NPUS[npu][1]
+    _, inputs, expected = _emulated_plan(tmp_path, "QuestMetadata", case, npu)
     total = total_lens(inputs, case)
     used = np.arange(case.num_blocks())[None, :] * case.block_size < total[:, None]
     for name, want in zip(OUTPUTS["QuestMetadata"], expected):
@@ -64,9 +71,7 @@ def test_metadata_plan_matches_the_reference(case, npu, tmp_path):
 @pytest.mark.parametrize("npu", list(NPUS))
 @pytest.mark.parametrize("case", BOUND_CASES, ids=lambda case: case.id)
 def test_select_plan_matches_the_reference(case, npu, tmp_path):
-    inputs, attributes, expected = reference_outputs("SparseBlockSelect", case)
-    plan = _plan(_emulate(tmp_path, "SparseBlockSelect", inputs, attributes, case, npu))
-    assert plan["cores"] <= NPUS[npu][0] and plan["ub_used"] <= NPUS[npu][1]
+    plan, _, expected = _emulated_plan(tmp_path, "SparseBlockSelect", case, npu)
     if npu == "1-core-16KB" and case.num_blocks() > 16:
         assert plan["blocks_per_chunk"] < case.num_blocks(), "the tiny UB should cut the blocks into chunks"
     assert_equal(read_output(tmp_path, "cann", "block_indices", expected[0]), expected[0], f"{npu} block_indices")
