@@ -202,7 +202,6 @@ void select_item(const SelectPlan& plan, const SparseBlockSelectParams& prm, Uni
     auto bounds_f32 = ub.view<float>(plan.bounds_f32, "bounds_f32");
     auto products = ub.view<float>(plan.products, "products");
     auto lanes = ub.view<float>(plan.lanes, "lanes");
-    auto scores = ub.view<float>(plan.scores, "scores");
     auto best_scores = ub.view<float>(plan.best_scores, "best_scores");
     UnifiedBuffer::View<TC> bounds[2] = {ub.view<TC>(plan.bounds[0], "bounds[0]"), ub.view<TC>(plan.bounds[1], "bounds[1]")};
     BestList<Scores, Blocks> best{candidate_scores, candidate_blocks, 0, remaining};
@@ -237,10 +236,8 @@ void select_item(const SelectPlan& plan, const SparseBlockSelectParams& prm, Uni
         for (int64_t w = kLanes / 2; w >= 1; w /= 2)
           for (int64_t j = 0; j < count; ++j)
             for (int64_t l = 0; l < w; ++l) lane[j * kLanes + l] = lane[j * kLanes + l] + lane[j * kLanes + l + w];
-        for (int64_t j = 0; j < count; ++j) {
-          scores.set(j, lane[j * kLanes]);
-          best_scores.set(j, r == 0 ? scores.get(j) : max_select(scores.get(j), best_scores.get(j)));
-        }
+        for (int64_t j = 0; j < count; ++j)  // the row's score straight from its lanes, as the kernel does
+          best_scores.set(j, r == 0 ? lane[j * kLanes] : max_select(lane[j * kLanes], best_scores.get(j)));
       }
       for (int64_t j = 0; j < count; ++j)
         if (!chosen.contains(static_cast<int32_t>(c0 + j))) best.offer(best_scores.get(j), static_cast<int32_t>(c0 + j));
@@ -254,19 +251,21 @@ void select_item(const SelectPlan& plan, const SparseBlockSelectParams& prm, Uni
 template <typename T, typename TC>
 void select_core(const SelectPlan& plan, const SparseBlockSelectParams& prm, UnifiedBuffer& ub, int32_t core,
                  std::vector<unsigned char>& workspace) {
-  const int64_t K = plan.shape.top_k;
-  for (int64_t item = plan.split.begin(core); item < plan.split.end(core); ++item) {
-    if (plan.candidates_in_ub) {
-      select_item<T, TC>(plan, prm, ub, item, ub.view<float>(plan.candidate_scores, "candidate_scores"),
-                         ub.view<int32_t>(plan.candidate_blocks, "candidate_blocks"));
-    } else {  // this core's slice of the GM workspace
-      const int64_t slice = plan.workspace_bytes / plan.split.cores;
-      unsigned char* base = workspace.data() + core * slice;
-      select_item<T, TC>(plan, prm, ub, item, GmArray<float>{reinterpret_cast<float*>(base)},
-                         GmArray<int32_t>{reinterpret_cast<int32_t*>(base + slice / 2)});
-      (void)K;
-    }
+  // Where the candidates live is decided once per core, as the kernel does: UB, or this core's
+  // slice of the GM workspace.
+  if (plan.candidates_in_ub) {
+    const auto scores = ub.view<float>(plan.candidate_scores, "candidate_scores");
+    const auto blocks = ub.view<int32_t>(plan.candidate_blocks, "candidate_blocks");
+    for (int64_t item = plan.split.begin(core); item < plan.split.end(core); ++item)
+      select_item<T, TC>(plan, prm, ub, item, scores, blocks);
+    return;
   }
+  const int64_t slice = plan.workspace_bytes / plan.split.cores;
+  unsigned char* base = workspace.data() + core * slice;
+  const GmArray<float> scores{reinterpret_cast<float*>(base)};
+  const GmArray<int32_t> blocks{reinterpret_cast<int32_t*>(base + slice / 2)};
+  for (int64_t item = plan.split.begin(core); item < plan.split.end(core); ++item)
+    select_item<T, TC>(plan, prm, ub, item, scores, blocks);
 }
 
 }  // namespace

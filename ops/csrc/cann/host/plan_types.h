@@ -83,7 +83,6 @@ struct SelectPlan {
   UbSlice bounds_f32;        // [2, blocks_per_chunk, dim_padded] float32
   UbSlice products;          // [2, blocks_per_chunk, dim_padded] float32: q*max, q*min
   UbSlice lanes;             // [blocks_per_chunk, 16] float32
-  UbSlice scores;            // [blocks_per_chunk] float32 (this query row)
   UbSlice best_scores;       // [blocks_per_chunk] float32 (max over the query rows)
   UbSlice importance;        // [blocks_per_chunk] float32
   UbSlice chosen;            // [top_k] int32: forced and importance blocks, then the result

@@ -91,9 +91,9 @@ Planned<SelectPlan> plan_select(const SelectShape& shape, const NpuSpec& npu) {
   const int64_t fixed = round_up(plan.query_rows * Dp * 4, kUbAlign) + round_up(K * 4, kUbAlign) +
                         (plan.candidates_in_ub ? candidate_bytes : 0);
   // Per block: max and min, double-buffered in the cache dtype, as float32, their two products,
-  // 16 lanes, and three floats (score, best score, importance).
-  const int64_t per_block = 2 * 2 * Dp * cache + 2 * Dp * 4 + 2 * Dp * 4 + kLanes * 4 + 3 * 4;
-  int64_t fits = (npu.ub_bytes - fixed - 12 * kUbAlign) / per_block;
+  // 16 lanes, and two floats (best score over the query rows, importance).
+  const int64_t per_block = 2 * 2 * Dp * cache + 2 * Dp * 4 + 2 * Dp * 4 + kLanes * 4 + 2 * 4;
+  int64_t fits = (npu.ub_bytes - fixed - 11 * kUbAlign) / per_block;
   if (fits < 1) {
     result.error = too_large("SparseBlockSelect", shape.head_dim, npu.ub_bytes);
     return result;
@@ -108,7 +108,6 @@ Planned<SelectPlan> plan_select(const SelectShape& shape, const NpuSpec& npu) {
   plan.bounds_f32 = ub.take(2 * nb * Dp * 4);
   plan.products = ub.take(2 * nb * Dp * 4);
   plan.lanes = ub.take(nb * kLanes * 4);
-  plan.scores = ub.take(nb * 4);
   plan.best_scores = ub.take(nb * 4);
   plan.importance = ub.take(nb * 4);
   plan.chosen = ub.take(K * 4);
@@ -149,12 +148,12 @@ std::string check_plan(const MetadataPlan& plan, int64_t ub_bytes) {
 }
 
 std::string check_plan(const SelectPlan& plan, int64_t ub_bytes) {
-  const UbSlice slices[] = {plan.query,  plan.bounds[0],   plan.bounds[1],    plan.bounds_f32,
-                            plan.products, plan.lanes,     plan.scores,       plan.best_scores,
-                            plan.importance, plan.chosen, plan.candidate_scores, plan.candidate_blocks};
-  const char* const names[] = {"query",  "bounds[0]",   "bounds[1]", "bounds_f32", "products",        "lanes",
-                               "scores", "best_scores", "importance", "chosen",    "candidate_scores", "candidate_blocks"};
-  return check_slices(slices, names, plan.candidates_in_ub ? 12 : 10, ub_bytes);
+  const UbSlice slices[] = {plan.query,    plan.bounds[0],  plan.bounds[1],   plan.bounds_f32,
+                            plan.products, plan.lanes,      plan.best_scores, plan.importance,
+                            plan.chosen,   plan.candidate_scores, plan.candidate_blocks};
+  const char* const names[] = {"query",       "bounds[0]",  "bounds[1]", "bounds_f32",       "products",        "lanes",
+                               "best_scores", "importance", "chosen",    "candidate_scores", "candidate_blocks"};
+  return check_slices(slices, names, plan.candidates_in_ub ? 11 : 9, ub_bytes);
 }
 
 }  // namespace quest::cann
