@@ -32,13 +32,18 @@ struct SparseBlockSelectParams {
 
 // The positions the probe policy reads in `block` for a query at `p`: all attended positions when
 // there are at most num_probes, else num_probes evenly spaced ones (first + j * n / num_probes).
+// Positions of `block` a query at `p` attends: min(P, p + 1 - block * P).
+inline int64_t probe_span(int64_t block, int64_t p, int64_t P) {
+  const int64_t n = p + 1 - block * P;
+  return n < P ? n : P;
+}
 inline int64_t probe_count(int64_t block, int64_t p, int64_t P, int64_t num_probes) {
-  const int64_t first = block * P, n = (first + P < p + 1 ? first + P : p + 1) - first;
+  const int64_t n = probe_span(block, p, P);
   return n < num_probes ? n : num_probes;
 }
 inline int64_t probe_position(int64_t block, int64_t p, int64_t P, int64_t num_probes, int64_t j) {
-  const int64_t first = block * P, n = (first + P < p + 1 ? first + P : p + 1) - first;
-  return n <= num_probes ? first + j : first + (j * n) / num_probes;
+  const int64_t n = probe_span(block, p, P);
+  return n <= num_probes ? block * P + j : block * P + (j * n) / num_probes;
 }
 
 // Selects for work items [begin, end), one item per (b, n) = b * kv_heads + n.

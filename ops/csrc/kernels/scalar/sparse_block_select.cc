@@ -47,7 +47,8 @@ void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, i
   key.resize(D);
   for (int64_t m = 0; m < eligible; ++m) {
     float best = 0.0f;
-    for (int64_t j = 0; j < probe_count(m, p, P, prm.num_probes); ++j) {
+    const int64_t probes = probe_count(m, p, P, prm.num_probes);
+    for (int64_t j = 0; j < probes; ++j) {
       const int64_t t = probe_position(m, p, P, prm.num_probes, j);
       for (int64_t d = 0; d < D; ++d)  // a new key as the cache will hold it
         key[d] = t < past ? to_float(cache[t * D + d]) : to_float(from_float<TC>(to_float(fresh[(t - past) * D + d])));

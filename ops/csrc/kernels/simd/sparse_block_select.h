@@ -105,7 +105,8 @@ void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, i
   float* key = key_row.data();
   for (int64_t m = 0; m < eligible; ++m) {
     float best = 0.0f;
-    for (int64_t j = 0; j < probe_count(m, p, P, prm.num_probes); ++j) {
+    const int64_t probes = probe_count(m, p, P, prm.num_probes);
+    for (int64_t j = 0; j < probes; ++j) {
       const int64_t t = probe_position(m, p, P, prm.num_probes, j);
       for (int64_t d = 0; d < D; d += kChunk) {  // a new key as the cache will hold it
         const Lanes k = t < past ? load_row(cache + t * D, d, D) : round_to<TC>(load_row(fresh + (t - past) * D, d, D));
