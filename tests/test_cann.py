@@ -22,7 +22,7 @@ import pytest
 from cases import CASES
 from driver_cases import OUTPUTS, read_output, total_lens, write_case
 from driver_cases import expected as reference_outputs
-from tolerances import assert_close, assert_equal
+from tolerances import assert_close, assert_equal, assert_used_blocks_equal
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # QUEST_ORT_CANN_EMULATOR points at another build (make test-sanitize: the ASan+UBSan one).
@@ -33,12 +33,16 @@ NPUS = {"910B": (48, 192 * 1024), "40-cores": (40, 192 * 1024), "1-core-16KB": (
 BOUND_CASES = [case for case in CASES if case.score == "bound"]
 
 
-def _emulate(directory, op_name, inputs, attributes, case, npu) -> subprocess.CompletedProcess:
+def _npu_options(npu, overrides) -> dict:
+    """The emulator's NPU description: the named NPU's cores and UB, with `overrides` on top."""
+    cores, ub = NPUS[npu]
+    return dict(npu_cores=cores, npu_ub_bytes=ub) | overrides
+
+
+def _emulate(directory, op_name, inputs, attributes, case, npu, **overrides) -> subprocess.CompletedProcess:
     if not EMULATOR.is_file():
         pytest.fail(f"{EMULATOR} is missing: build it with `make drivers` (make test does)")
-    cores, ub = NPUS[npu]
-    write_case(directory, op_name, inputs, attributes, case, total_lens(inputs, case), npu_cores=cores,
-               npu_ub_bytes=ub)
+    write_case(directory, op_name, inputs, attributes, case, total_lens(inputs, case), **_npu_options(npu, overrides))
     return subprocess.run([str(EMULATOR), str(directory)], capture_output=True, text=True, timeout=600)
 
 
@@ -48,12 +52,13 @@ def _plan(run) -> dict:
     return {words[i]: int(words[i + 1]) for i in range(0, len(words) - 1, 2) if re.fullmatch(r"-?\d+", words[i + 1])}
 
 
-def _emulated_plan(directory, op_name, case, npu):
-    """Runs `op_name` on `case` in the emulator of `npu`; checks the plan stays within the NPU's
-    cores and UB; returns (plan, the inputs, the reference outputs)."""
+def _emulated_plan(directory, op_name, case, npu, **overrides):
+    """Runs `op_name` on `case` in the emulator of `npu` (see _npu_options); checks the plan stays
+    within the NPU's cores and UB; returns (plan, the inputs, the reference outputs)."""
     inputs, attributes, expected = reference_outputs(op_name, case)
-    plan = _plan(_emulate(directory, op_name, inputs, attributes, case, npu))
-    assert plan["cores"] <= NPUS[npu][0] and plan["ub_used"] <= NPUS[npu][1]
+    plan = _plan(_emulate(directory, op_name, inputs, attributes, case, npu, **overrides))
+    options = _npu_options(npu, overrides)
+    assert plan["cores"] <= options["npu_cores"] and plan["ub_used"] <= options["npu_ub_bytes"]
     return plan, inputs, expected
 
 
@@ -61,11 +66,9 @@ def _emulated_plan(directory, op_name, case, npu):
 @pytest.mark.parametrize("case", BOUND_CASES, ids=lambda case: case.id)
 def test_metadata_plan_matches_the_reference(case, npu, tmp_path):
     _, inputs, expected = _emulated_plan(tmp_path, "QuestMetadata", case, npu)
-    total = total_lens(inputs, case)
-    used = np.arange(case.num_blocks())[None, :] * case.block_size < total[:, None]
     for name, want in zip(OUTPUTS["QuestMetadata"], expected):
-        got = read_output(tmp_path, "cann", name, want)
-        assert_equal(np.moveaxis(got, 2, 1)[used], np.moveaxis(want, 2, 1)[used], f"{npu} {name}")
+        assert_used_blocks_equal(read_output(tmp_path, "cann", name, want), want, total_lens(inputs, case),
+                                 case.block_size, f"{npu} {name}")
 
 
 @pytest.mark.parametrize("npu", list(NPUS))
@@ -79,10 +82,8 @@ def test_select_plan_matches_the_reference(case, npu, tmp_path):
 
 @pytest.mark.parametrize("case", [c for c in BOUND_CASES if c.ranks_blocks()][:6], ids=lambda case: case.id)
 def test_candidates_kept_in_the_gm_workspace_select_the_same(case, tmp_path):
-    inputs, attributes, expected = reference_outputs("SparseBlockSelect", case)
-    write_case(tmp_path, "SparseBlockSelect", inputs, attributes, case, total_lens(inputs, case), npu_cores=5,
-               npu_ub_bytes=192 * 1024, npu_candidate_ub_divisor=2**40)
-    plan = _plan(subprocess.run([str(EMULATOR), str(tmp_path)], capture_output=True, text=True, timeout=600))
+    plan, _, expected = _emulated_plan(tmp_path, "SparseBlockSelect", case, "910B", npu_cores=5,
+                                       npu_candidate_ub_divisor=2**40)
     assert plan["candidates_in_ub"] == 0
     assert_equal(read_output(tmp_path, "cann", "block_indices", expected[0]), expected[0], "block_indices")
 

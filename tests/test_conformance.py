@@ -13,7 +13,7 @@ import pytest
 from cases import CASES, attention_args, make_data, metadata_args, select_args
 from quest_ort.ops.reference import quest_metadata, sparse_block_attention, sparse_block_select
 from quest_ort.runtime.single_op import run_op
-from tolerances import assert_close, assert_equal
+from tolerances import assert_close, assert_equal, assert_used_blocks_equal
 
 PATHS = pytest.mark.parametrize("native", [True, False], ids=["kernel", "body"])
 EACH_CASE = pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
@@ -38,13 +38,8 @@ def test_quest_metadata(case, native):
     got = run_op("QuestMetadata", inputs, attributes, native=native)
     # Blocks that hold no valid token are unspecified: compare the blocks that do.
     total = inputs["total_lens"] if inputs["total_lens"] is not None else inputs["past_lens"] + case.new_tokens
-    used = np.arange(case.num_blocks())[None, :] * case.block_size < total[:, None]  # [B, M]
-
-    def used_blocks(x):  # [B, N, M, D] -> [used blocks, N, D]
-        return np.moveaxis(x, 2, 1)[used]
-
     for name, expected in (("block_max_out", expected_max), ("block_min_out", expected_min)):
-        assert_equal(used_blocks(got[name]), used_blocks(expected), name, axes="(used block, n) x D")
+        assert_used_blocks_equal(got[name], expected, total, case.block_size, name)
 
 
 @EACH_CASE

@@ -67,3 +67,11 @@ def assert_equal(actual, expected, name: str, axes: str = "last axis") -> None:
         f"{name}: {bad.sum()} of {bad.size} values differ; first at {first}: {actual[first]!r} vs {expected[first]!r}\n"
         f"{_mask(bad, axes)}"
     )
+
+
+def assert_used_blocks_equal(actual, expected, total_lens, block_size: int, name: str) -> None:
+    """Bitwise comparison of metadata [B, N, M, D] on the blocks that hold a valid token (row b
+    holds total_lens[b]); the other blocks are unspecified."""
+    used = np.arange(np.shape(actual)[2])[None, :] * block_size < np.asarray(total_lens)[:, None]  # [B, M]
+    assert_equal(np.moveaxis(actual, 2, 1)[used], np.moveaxis(expected, 2, 1)[used], name,
+                 axes="(used block, n) x D")
