@@ -8,9 +8,9 @@ import dataclasses
 import pathlib
 
 import numpy as np
-import onnxruntime as ort
 
 from .model import CapacityError
+from .sessions import make_session
 
 
 @dataclasses.dataclass
@@ -32,10 +32,7 @@ class GrowingCache:
 
 class OptimumModel:
     def __init__(self, model_path, *, threads: int | None = None):
-        options = ort.SessionOptions()
-        if threads is not None:
-            options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(pathlib.Path(model_path)), options, providers=["CPUExecutionProvider"])
+        self.session = make_session(str(pathlib.Path(model_path)), threads=threads, register_library=False)
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.past_inputs = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
         self.outputs = [o.name for o in self.session.get_outputs()]

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .model import CapacityError, KVCache, QuestModel
+from .model import CapacityError, KVCache
 
 PREFILL_CHUNK = 512
 

@@ -135,7 +135,7 @@ class RewriteContext:
                                            *probe_inputs, **heads, **select_attributes, _domain=DOMAIN)
         outputs = op.SparseBlockAttention(
             query, key, value, key_cache, value_cache, self.past_lens, indices, self.total_lens,
-            **heads, scale=float(scale), softcap=float(softcap), _domain=DOMAIN, _outputs=4 if importance else 3)
+            **heads, scale=float(scale), softcap=float(softcap), _domain=DOMAIN, _outputs=4 if importance is not None else 3)
         output, key_out, value_out = outputs[:3]
         if importance is not None:
             # The mass this call's queries gave each block joins what earlier calls gave it. A graph

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 
 from ._common import fmax, fmin, resolve_total_lens, valid_positions
 

@@ -63,7 +63,7 @@ def probe_scores(query_rows, key_row_at, current: int, p: int, block_size: int, 
         for r in range(len(rows)):
             if j == 0 and r == 0:
                 continue
-            best = np.where(table[j, r] > best, table[j, r], best)
+            best = fmax(table[j, r], best)
     return best
 
 

@@ -9,7 +9,7 @@ other exception is a finding. Shapes stay small (the fuzzer hunts for validation
     python tests/fuzz/fuzz_ops.py -max_total_time=3600 corpus/   # a longer run, keeping a corpus
 
 Python-level coverage guides the search (the native library is not instrumented; the ASan build of
-`make test-sanitize` is what catches memory errors, and `make fuzz-sanitize` fuzzes against it).
+`make test-sanitize` is what catches memory errors, and `make fuzz` fuzzes against it too).
 """
 
 from __future__ import annotations
