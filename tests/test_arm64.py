@@ -16,7 +16,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from cases import CASES, attention_args, make_data, metadata_args, select_args
+from cases import CASES, attention_args, metadata_args, select_args
+from driver_cases import OUTPUTS, case_data, total_lens
 from quest_ort.ops.reference import REFERENCES
 from quest_ort.ops.schemas import OPS_BY_NAME
 from tolerances import assert_close, assert_equal, assert_used_blocks_equal
@@ -25,13 +26,11 @@ pytestmark = pytest.mark.arm64
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORLD = REPO / "build" / "arm64"
-CALLS = {  # call name -> (op, argument builder, outputs)
-    "metadata": ("QuestMetadata", metadata_args, ("block_max_out", "block_min_out")),
-    "select": ("SparseBlockSelect", select_args, ("block_indices",)),
-    "sparse-attention": ("SparseBlockAttention", lambda d: attention_args(d, True),
-                         ("output", "key_cache_out", "value_cache_out", "block_importance")),
-    "dense-attention": ("SparseBlockAttention", lambda d: attention_args(d, False),
-                        ("output", "key_cache_out", "value_cache_out", "block_importance")),
+CALLS = {  # call name -> (op, argument builder)
+    "metadata": ("QuestMetadata", metadata_args),
+    "select": ("SparseBlockSelect", select_args),
+    "sparse-attention": ("SparseBlockAttention", lambda d: attention_args(d, True)),
+    "dense-attention": ("SparseBlockAttention", lambda d: attention_args(d, False)),
 }
 EXACT = {"block_indices", "key_cache_out", "value_cache_out"}
 
@@ -51,11 +50,11 @@ def emulated(tmp_path_factory):
     folder = tmp_path_factory.mktemp("arm64-calls")
     expected = {}
     for number, case in enumerate(CASES):
-        data = make_data(case)
-        for call, (op_name, arguments, outputs) in CALLS.items():
+        data = case_data(case)
+        for call, (op_name, arguments) in CALLS.items():
             inputs, attributes = arguments(data)
             name = f"{number:02d}-{call}"
-            meta = dict(op=op_name, attributes=attributes, outputs=outputs, threads=1 + number % 2, case=case.id)
+            meta = dict(op=op_name, attributes=attributes, outputs=OUTPUTS[op_name], threads=1 + number % 2, case=case.id)
             np.savez(folder / f"{name}.in.npz", __meta__=json.dumps(meta),
                      **{k: v for k, v in inputs.items() if v is not None})
             expected[name] = (case, op_name, inputs, _reference(op_name, inputs, attributes))
@@ -86,11 +85,11 @@ def test_aarch64_onnxruntime_matches_the_reference(emulated, number, call):
     case, op_name, inputs, reference = expected[name]
     outputs = got[name]
     if op_name == "QuestMetadata":  # blocks that hold no valid token are unspecified
-        total = inputs["total_lens"] if inputs["total_lens"] is not None else inputs["past_lens"] + case.new_tokens
-        for output in CALLS[call][2]:
-            assert_used_blocks_equal(outputs[output], reference[output], total, case.block_size, output)
+        for output in OUTPUTS[op_name]:
+            assert_used_blocks_equal(outputs[output], reference[output], total_lens(inputs, case), case.block_size,
+                                     output)
         return
-    for output in CALLS[call][2]:
+    for output in OUTPUTS[op_name]:
         if output in EXACT:
             assert_equal(outputs[output], reference[output], f"{name} {output}")
         else:
