@@ -8,9 +8,7 @@ import functools
 
 import numpy as np
 
-from export_models import _ROOT, quest_export, tiny_model
-from quest_ort.export.pipeline import export_sparse
-from quest_ort.export.rewrite import SparseSettings
+from export_models import quest_export
 from quest_ort.runtime.generate import Generator, Sampling, greedy
 from quest_ort.runtime.model import QuestModel
 
@@ -18,9 +16,7 @@ from quest_ort.runtime.model import QuestModel
 @functools.cache
 def _models() -> dict[str, QuestModel]:
     """Two sessions of the sparse export (1 and 2 intra-op threads) and the dense GQA baseline."""
-    gqa = _ROOT / "qwen3-gqa-concurrency"
-    export_sparse("qwen3", output=gqa, settings=SparseSettings(top_k=64, attention="gqa"),
-                  model=str(tiny_model("qwen3").checkpoint), capacity=512, log=lambda *a, **k: None)
+    gqa = quest_export("qwen3", top_k=64, attention="gqa")
     sparse = quest_export("qwen3", top_k=2)
     return {"sparse-1t": QuestModel(sparse, threads=1), "sparse-2t": QuestModel(sparse, threads=2),
             "gqa": QuestModel(gqa, threads=1)}

@@ -8,7 +8,7 @@ import functools
 import numpy as np
 import pytest
 
-from export_models import _ROOT, quest_export, tiny_model
+from export_models import quest_export
 from quest_ort.export.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.runtime.compare import compare
@@ -23,10 +23,7 @@ def _quest(top_k=64):
 
 @functools.cache
 def _gqa():
-    output = _ROOT / "qwen3-gqa"
-    export_sparse("qwen3", output=output, settings=SparseSettings(top_k=64, attention="gqa"),
-                  model=str(tiny_model("qwen3").checkpoint), capacity=512, log=lambda *a, **k: None)
-    return QuestModel(output, threads=1)
+    return QuestModel(quest_export("qwen3", top_k=64, attention="gqa"), threads=1)
 
 
 def _prompts():
