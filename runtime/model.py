@@ -77,6 +77,11 @@ class QuestModel:
         self._copy_back = aliases if self.sidecar.portable else {}
         self._step = InPlaceStep(self.session, {} if self.sidecar.portable else aliases)
         self._kv_dtype = np.dtype(self.sidecar.kv_dtype)
+        # What a failed step must put back (see _accumulated_state).
+        self._metadata_names = [name for layer in self.sidecar.layers if layer.sparse
+                                for name in (layer.past_block_max, layer.past_block_min)]
+        self._importance_names = [layer.past_block_importance for layer in self.sidecar.layers
+                                  if layer.past_block_importance]
 
     def prefill_chunk(self, batch: int, preferred: int) -> int:
         """Positions per prefill step: `preferred`, except for the GroupQueryAttention baseline,
@@ -152,20 +157,16 @@ class QuestModel:
         past `lengths` hold nothing valid, so a failed step leaves them harmless."""
         block = cache.lengths // self.sidecar.block_size
         rows = np.arange(cache.batch)
-        saved = {}
-        for name, array in cache.buffers.items():
-            if name.startswith(("past_block_max.", "past_block_min.")):
-                saved[name] = array[rows, :, np.minimum(block, array.shape[2] - 1)].copy()
-            elif name.startswith("past_block_importance."):
-                saved[name] = array.copy()
-        return saved
+        metadata = {name: cache.buffers[name][rows, :, np.minimum(block, cache.buffers[name].shape[2] - 1)].copy()
+                    for name in self._metadata_names}
+        importance = {name: cache.buffers[name].copy() for name in self._importance_names}
+        return {"metadata": metadata, "importance": importance}
 
     def _restore(self, cache: KVCache, saved: dict) -> None:
         block = cache.lengths // self.sidecar.block_size
         rows = np.arange(cache.batch)
-        for name, values in saved.items():
+        for name, values in saved["metadata"].items():
             array = cache.buffers[name]
-            if array.ndim == 4:
-                array[rows, :, np.minimum(block, array.shape[2] - 1)] = values
-            else:
-                array[...] = values
+            array[rows, :, np.minimum(block, array.shape[2] - 1)] = values
+        for name, values in saved["importance"].items():
+            cache.buffers[name][...] = values
