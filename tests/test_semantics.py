@@ -106,11 +106,12 @@ def test_group_reduce_mean_and_max(impl):
     assert _select(impl, BOUNDS, top_k=3, sink=0, recent=0, query=query, heads=2, reduce="max").tolist() == [[4, 6, 7]]
 
 
-def _attention(impl, key_cache, value_cache, *, past, query, key, value, indices=None, total=None, softcap=0.0):
+def _attention(impl, key_cache, value_cache, *, past, query, key, value, indices=None, total=None, softcap=0.0,
+               block_size=P):
     inputs = dict(query=query, key=key, value=value, key_cache=key_cache, value_cache=value_cache,
                   past_lens=np.array([past], np.int32), block_indices=indices,
                   total_lens=None if total is None else np.array([total], np.int32))
-    attributes = dict(num_heads=query.shape[1], kv_num_heads=1, block_size=P, scale=1.0, softcap=softcap)
+    attributes = dict(num_heads=query.shape[1], kv_num_heads=1, block_size=block_size, scale=1.0, softcap=softcap)
     return run(impl, "SparseBlockAttention", inputs, attributes,
                outputs=("output", "key_cache_out", "value_cache_out", "block_importance"))
 
@@ -157,6 +158,19 @@ def test_sparse_attention_reads_only_selected_blocks(impl):
     got = _attention(impl, keys, values, past=14, query=query, key=keys[:, :, 14:15], value=values[:, :, 14:15],
                      indices=indices)
     np.testing.assert_allclose(got["output"][0, 0, 1], _expected_mean_position([0, 1, 2, 3, 12, 13, 14]), rtol=1e-5)
+
+
+@EACH_IMPLEMENTATION
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_block_larger_than_the_cache_is_the_whole_cache(impl, sparse):
+    # The largest block size the contract allows: per-block scratch must follow the cache, not P.
+    keys, values = _one_hot_caches()
+    query = np.zeros((1, 1, 1, D), np.float32)
+    query[..., 0] = 1.0
+    got = _attention(impl, keys, values, past=9, query=query, key=keys[:, :, 9:10], value=values[:, :, 9:10],
+                     indices=np.array([[[[0]]]], np.int32) if sparse else None, block_size=2**31 - 1)
+    np.testing.assert_allclose(got["output"][0, 0, 1], _expected_mean_position(range(10)), rtol=1e-5)
+    np.testing.assert_allclose(got["block_importance"][0, 0], [1.0], rtol=1e-5)
 
 
 @EACH_IMPLEMENTATION

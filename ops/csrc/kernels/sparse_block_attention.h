@@ -25,6 +25,13 @@ struct SparseBlockAttentionParams {
   float* block_importance = nullptr;  // [B, N, num_blocks] or null; zeroed and filled per item
 };
 
+// The most cache rows one block can hold: block_size, or the capacity when a block is larger than
+// the whole cache. Per-block scratch is sized by this, never by block_size alone (which the
+// contract lets reach 2^31 - 1).
+inline int64_t rows_per_block(const SparseBlockAttentionParams& params) {
+  return params.block_size < params.capacity ? params.block_size : params.capacity;
+}
+
 // Writes the valid new keys/values of work items [begin, end), one per (b, n), into the caches.
 using CacheWriteFn = void (*)(const SparseBlockAttentionParams&, int64_t begin, int64_t end);
 // Attends for work items [begin, end), one per (b, n); the caches must already hold the new tokens.

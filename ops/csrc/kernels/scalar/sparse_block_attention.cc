@@ -49,7 +49,7 @@ template <typename T, typename TC>
 void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, P = prm.block_size;
   const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k;
-  std::vector<float> queries(G * D), accumulators(G * D), logits(P);
+  std::vector<float> queries(G * D), accumulators(G * D), logits(rows_per_block(prm));
   std::vector<HeadState> heads(G);
   std::vector<int32_t> blocks;
   std::vector<BlockMass> masses;

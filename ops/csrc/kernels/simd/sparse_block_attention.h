@@ -170,7 +170,8 @@ struct AttentionScratch {
 template <typename T, typename TC>
 void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, P = prm.block_size;
-  const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k, Dp = padded(D), Pp = padded(P);
+  const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k, Dp = padded(D);
+  const int64_t Pp = padded(rows_per_block(prm));
   thread_local AttentionScratch s;
   s.queries.resize(G * Dp);
   s.accumulators.resize(G * Dp);
