@@ -77,6 +77,7 @@ BAD = [
     ("SparseBlockSelect", "num_probes = 0", lambda x: x, {"num_probes": 0}, ["'num_probes'", ">= 1"]),
     ("SparseBlockSelect", "top_k past int32", lambda x: x, {"top_k": 2**40}, ["'top_k' = 1099511627776", "int32"]),
     ("QuestMetadata", "block_size past int32", lambda x: x, {"block_size": 2**32 + 4}, ["'block_size'", "int32"]),
+    ("QuestMetadata", "zero head dim", lambda x: _replace(x, key=np.ones((2, N, S, 0), np.float32), block_max=np.ones((2, N, M, 0), np.float32), block_min=np.ones((2, N, M, 0), np.float32)), {}, ["'key'", "(D) must be positive"]),
     ("SparseBlockAttention", "zero head dim", lambda x: _replace(x, query=np.ones((2, H, S, 0), np.float32), key=np.ones((2, N, S, 0), np.float32), value=np.ones((2, N, S, 0), np.float32), key_cache=np.ones((2, N, C, 0), np.float32), value_cache=np.ones((2, N, C, 0), np.float32)), {}, ["(D) must be positive"]),
 ]
 
@@ -92,3 +93,25 @@ def test_bad_input_is_reported_by_name(op_name, what, change_inputs, change_attr
     message = str(error.value)
     for word in words:
         assert word in message, f"{what}: {word!r} not in error message:\n{message}"
+
+
+HUGE = 2**31 - 1  # heads: allowed by the attributes, and empty tensors cost nothing to pass
+
+
+@pytest.mark.parametrize("op_name", ["QuestMetadata", "SparseBlockSelect", "SparseBlockAttention"])
+def test_a_call_with_no_new_token_returns_empty_results(op_name):
+    # S = 0 next to 2^31 - 1 heads: nothing to compute, so nothing may loop over the heads either
+    # (the fuzzer found such a call spending half a minute in an empty loop).
+    f32, empty = np.float32, np.zeros((1, HUGE, 0, 1), np.float32)
+    past = np.zeros(1, np.int32)
+    if op_name == "QuestMetadata":
+        inputs, attributes = dict(key=empty, block_max=empty, block_min=empty, past_lens=past), dict(block_size=P)
+    elif op_name == "SparseBlockSelect":
+        inputs = dict(query=empty, block_max=empty, block_min=empty, past_lens=past)
+        attributes = dict(num_heads=HUGE, kv_num_heads=HUGE, block_size=P, top_k=1)
+    else:
+        inputs = dict(query=empty, key=empty, value=empty, key_cache=empty, value_cache=empty, past_lens=past)
+        attributes = dict(num_heads=HUGE, kv_num_heads=HUGE, block_size=P)
+    outputs = run_op(op_name, inputs, attributes, symbolic_dims=False)
+    for name, value in outputs.items():
+        assert value.size == 0 and value.dtype in (f32, np.int32), (name, value.shape, value.dtype)

@@ -1,4 +1,5 @@
 // ORT adapter of SparseBlockAttention: validate everything, write the new tokens, then attend.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -64,6 +65,10 @@ void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
                           : nullptr;
   prepare_in_place(in[io::in::key_cache], key_cache, in);
   prepare_in_place(in[io::in::value_cache], value_cache, in);
+  if (S == 0) {  // no query: nothing attended, nothing written (importance is all zero)
+    if (importance != nullptr) std::fill(importance, importance + B * N * num_blocks, 0.0f);
+    return;
+  }
 
   const float scale = attributes_.get_float("scale");
   SparseBlockAttentionParams params;
