@@ -1,29 +1,38 @@
 // QuestMetadata over 16-lane vectors: merge each valid key, rounded to the cache type, into its block.
 #pragma once
 
+#include <type_traits>
+
 #include "../quest_metadata.h"
 #include "canonical.h"
 
 namespace quest::QUEST_ISA {
 
-inline constexpr int64_t kRowsAhead = 16;
+// A key value as the cache stores it. Keys already of the cache type need no rounding (rounding
+// them again would change nothing but cost two conversions per lane).
+template <typename T, typename TC>
+QUEST_INLINE Lanes as_cache_value(const Lanes& x) {
+  if constexpr (std::is_same_v<T, TC>)
+    return x;
+  else
+    return round_to<TC>(x);
+}
 
 // Merges key rows [0, count) (rounded to TC) into one block's max/min for `Chunks` chunks from d.
-// The running max/min stay in registers for the whole run and are stored once.
+// The running max/min stay in registers for the whole run and are stored once. The keys are one
+// sequential stream, which the hardware prefetchers follow best on their own: software prefetches
+// 16 rows ahead made the 32K build 25% slower on an AVX-512 EPYC (20 against 26 GB/s).
 template <int Chunks, typename T, typename TC>
-QUEST_INLINE void merge_run(const T* keys, int64_t count, int64_t D, int64_t d, bool starts_block, TC* hi, TC* lo,
-                            int64_t rows_left) {
+QUEST_INLINE void merge_run(const T* keys, int64_t count, int64_t D, int64_t d, bool starts_block, TC* hi, TC* lo) {
   Lanes top[Chunks], bottom[Chunks];
   for (int c = 0; c < Chunks; ++c) {
-    const Lanes x = round_to<TC>(load_row(keys, d + c * kChunk, D));
+    const Lanes x = as_cache_value<T, TC>(load_row(keys, d + c * kChunk, D));
     top[c] = starts_block ? x : Lanes::max_select(load_row(hi, d + c * kChunk, D), x);
     bottom[c] = starts_block ? x : Lanes::min_select(load_row(lo, d + c * kChunk, D), x);
   }
   for (int64_t t = 1; t < count; ++t) {
-    // The first pass over the run streams the keys: keep requests in flight ahead of it.
-    if (d == 0 && t + kRowsAhead < rows_left) prefetch_row(keys + (t + kRowsAhead) * D, D);
     for (int c = 0; c < Chunks; ++c) {
-      const Lanes x = round_to<TC>(load_row(keys + t * D, d + c * kChunk, D));
+      const Lanes x = as_cache_value<T, TC>(load_row(keys + t * D, d + c * kChunk, D));
       top[c] = Lanes::max_select(top[c], x);
       bottom[c] = Lanes::min_select(bottom[c], x);
     }
@@ -53,8 +62,8 @@ void quest_metadata_items(const QuestMetadataParams& prm, int64_t begin, int64_t
       const bool starts_block = p % P == 0;
       int64_t d = 0;
       for (; d + kChunks * kChunk <= D; d += kChunks * kChunk)
-        merge_run<kChunks>(keys, run_end - p, D, d, starts_block, hi, lo, total - p);
-      for (; d < D; d += kChunk) merge_run<1>(keys, run_end - p, D, d, starts_block, hi, lo, total - p);
+        merge_run<kChunks>(keys, run_end - p, D, d, starts_block, hi, lo);
+      for (; d < D; d += kChunk) merge_run<1>(keys, run_end - p, D, d, starts_block, hi, lo);
       p = run_end;
     }
   }
