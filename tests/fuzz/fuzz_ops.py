@@ -70,6 +70,8 @@ def _plausible_ints(fdp, name: str, shape, dims: dict, earlier: dict) -> np.ndar
     blocks = dims.get("M") or -(-dims.get("C", 1) // max(dims.get("P", 1), 1))
     limit = min(dims.get("C", 2**31 - 1), blocks * dims.get("P", 1))
     if name == "block_indices":
+        if 0 in shape:  # empty, however long its other dims (an arange of 2^31 would not be)
+            return np.zeros(shape, np.int64)
         row = np.arange(shape[-1] if shape else 1, dtype=np.int64) + fdp.ConsumeIntInRange(-1, 1)
         row[(row < 0) | (row >= blocks)] = -1
         return np.broadcast_to(row, shape).copy() if shape else row[:1].reshape(())
