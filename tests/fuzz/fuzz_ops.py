@@ -132,7 +132,8 @@ def test_one_input(data: bytes) -> None:
     for tensor in spec.inputs:
         if tensor.optional and fdp.ConsumeBool():
             continue
-        inputs[tensor.name] = _tensor(fdp, tensor, dims, type_vars, inputs)
+        # (np.resize to shape () gives a NumPy scalar, which ONNX Runtime does not take as a tensor)
+        inputs[tensor.name] = np.asarray(_tensor(fdp, tensor, dims, type_vars, inputs))
     outputs = tuple(t.name for t in spec.outputs if not t.optional or fdp.ConsumeBool())
     try:
         run_op(spec.name, inputs, attributes, outputs=outputs, symbolic_dims=False)
