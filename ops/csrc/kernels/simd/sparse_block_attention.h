@@ -30,30 +30,30 @@ void write_cache_items(const SparseBlockAttentionParams& prm, int64_t begin, int
   }
 }
 
-// logits[h * Pp + t] = dot(query row h, key row t) for four query rows and `Rows` consecutive key
-// rows: 4 x Rows independent canonical sums in registers, folded four at a time.
-template <int Rows, typename TC>
+// logits[h * Pp + t] = dot(query row h, key row t) for `Heads` (1 to 4) query rows and `Rows`
+// consecutive key rows: Heads x Rows independent canonical sums in registers, each key chunk
+// loaded once for all the heads.
+template <int Heads, int Rows, typename TC>
 QUEST_INLINE void logits_tile(const float* q, int64_t Dp, const TC* keys, int64_t D, float* logits, int64_t Pp) {
-  Lanes acc[4 * Rows];
-  for (int j = 0; j < 4 * Rows; ++j) acc[j] = Lanes::zero();
-  const float* q0 = q;
-  const float* q1 = q + Dp;
-  const float* q2 = q + 2 * Dp;
-  const float* q3 = q + 3 * Dp;
+  static_assert(Heads >= 1 && Heads <= 4, "one to four query rows per tile");
+  Lanes acc[Heads * Rows];
+  for (int j = 0; j < Heads * Rows; ++j) acc[j] = Lanes::zero();
   for (int64_t d = 0; d < D; d += kChunk) {
-    const Lanes x0 = Lanes::load(q0 + d), x1 = Lanes::load(q1 + d), x2 = Lanes::load(q2 + d), x3 = Lanes::load(q3 + d);
+    Lanes x[Heads];
+    for (int h = 0; h < Heads; ++h) x[h] = Lanes::load(q + h * Dp + d);
     for (int r = 0; r < Rows; ++r) {
       const Lanes k = load_row(keys + r * D, d, D);
-      acc[r] = acc[r] + x0 * k;
-      acc[Rows + r] = acc[Rows + r] + x1 * k;
-      acc[2 * Rows + r] = acc[2 * Rows + r] + x2 * k;
-      acc[3 * Rows + r] = acc[3 * Rows + r] + x3 * k;
+      for (int h = 0; h < Heads; ++h) acc[h * Rows + r] = acc[h * Rows + r] + x[h] * k;
     }
   }
   for (int r = 0; r < Rows; ++r) {
-    float folded[4];
-    Lanes::fold4(acc[r], acc[Rows + r], acc[2 * Rows + r], acc[3 * Rows + r], folded);
-    for (int h = 0; h < 4; ++h) logits[h * Pp + r] = folded[h];
+    if constexpr (Heads == 4) {
+      float folded[4];
+      Lanes::fold4(acc[r], acc[Rows + r], acc[2 * Rows + r], acc[3 * Rows + r], folded);
+      for (int h = 0; h < 4; ++h) logits[h * Pp + r] = folded[h];
+    } else {
+      for (int h = 0; h < Heads; ++h) logits[h * Pp + r] = acc[h * Rows + r].fold();
+    }
   }
 }
 
@@ -77,31 +77,39 @@ struct RowStream {
   }
 };
 
-// Scaled (and soft-capped) logits [G][count] of the G query rows against key rows [0, count).
-template <typename TC>
-void block_logits(const float* queries, int64_t G, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
-                  const SparseBlockAttentionParams& prm, float* logits) {
+// Logits of `Heads` query rows (from g) against every key row of the block; the pass that reads
+// the keys first (`stream`) also prefetches ahead of them.
+template <int Heads, typename TC>
+QUEST_INLINE void head_logits(const float* queries, int64_t g, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
+                              float* logits, bool stream) {
   constexpr int kRows = Lanes::kTileRows;
   const TC* keys = rows.keys;
   const int64_t count = rows.count, D = rows.D;
-  int64_t g = 0;
-  for (; g + 4 <= G; g += 4) {
-    int64_t t = 0;
-    for (; t + kRows <= count; t += kRows) {
-      if (g == 0)
-        for (int r = 0; r < kRows; ++r) rows.prefetch(t + r);
-      logits_tile<kRows>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp);
-    }
-    for (; t < count; ++t) {
-      if (g == 0) rows.prefetch(t);
-      logits_tile<1>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp);
-    }
+  int64_t t = 0;
+  for (; t + kRows <= count; t += kRows) {
+    if (stream)
+      for (int r = 0; r < kRows; ++r) rows.prefetch(t + r);
+    logits_tile<Heads, kRows>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp);
   }
-  for (const int64_t first_single = g; g < G; ++g) {
-    for (int64_t t = 0; t < count; ++t) {
-      if (g == first_single && first_single == 0) rows.prefetch(t);
-      logits[g * Pp + t] = dot(queries + g * Dp, keys + t * D, D);
-    }
+  for (; t < count; ++t) {
+    if (stream) rows.prefetch(t);
+    logits_tile<Heads, 1>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp);
+  }
+}
+
+// Scaled (and soft-capped) logits [G][count] of the G query rows against key rows [0, count):
+// four heads at a time, then the one to three left.
+template <typename TC>
+void block_logits(const float* queries, int64_t G, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
+                  const SparseBlockAttentionParams& prm, float* logits) {
+  const int64_t count = rows.count;
+  int64_t g = 0;
+  for (; g + 4 <= G; g += 4) head_logits<4>(queries, g, Dp, rows, Pp, logits, g == 0);
+  switch (G - g) {
+    case 3: head_logits<3>(queries, g, Dp, rows, Pp, logits, g == 0); break;
+    case 2: head_logits<2>(queries, g, Dp, rows, Pp, logits, g == 0); break;
+    case 1: head_logits<1>(queries, g, Dp, rows, Pp, logits, g == 0); break;
+    default: break;
   }
   for (g = 0; g < G; ++g) {
     for (int64_t t = 0; t < count; ++t) {
@@ -134,25 +142,36 @@ QUEST_INLINE void value_tile(const TC* values, int64_t count, int64_t D, int64_t
     for (int c = 0; c < Chunks; ++c) acc[h * Chunks + c].store(accumulators + h * Dp + d + c * kChunk);
 }
 
-// Adds the block's weighted value rows to the G accumulators, in row order.
+// Adds the weighted value rows to the accumulators of `Heads` heads, chunk group by chunk group;
+// the first pass over the rows (while `first` is set) prefetches ahead of them.
+template <int Heads, typename TC>
+QUEST_INLINE void head_values(const TC* values, int64_t count, int64_t D, int64_t Dp, const float* weights,
+                              int64_t Pp, float* accumulators, const RowStream<TC>*& first) {
+  constexpr int kChunks = Lanes::kValueChunks;
+  int64_t d = 0;
+  for (; d + kChunks * kChunk <= Dp; d += kChunks * kChunk, first = nullptr)
+    value_tile<Heads, kChunks>(values, count, D, d, weights, Pp, accumulators, Dp, first);
+  for (; d < Dp; d += kChunk, first = nullptr)
+    value_tile<Heads, 1>(values, count, D, d, weights, Pp, accumulators, Dp, first);
+}
+
+// Adds the block's weighted value rows to the G accumulators, in row order: four heads at a
+// time, then the one to three left.
 template <typename TC>
 void block_values(const RowStream<TC>& rows, int64_t Dp, int64_t G, const float* weights, int64_t Pp,
                   float* accumulators) {
-  constexpr int kChunks = Lanes::kValueChunks;
   const TC* values = rows.values;
   const int64_t count = rows.count, D = rows.D;
+  const RowStream<TC>* first = &rows;
   int64_t g = 0;
-  const RowStream<TC>* first = &rows;  // the first pass over the rows prefetches ahead
-  for (; g + 4 <= G; g += 4) {
-    int64_t d = 0;
-    for (; d + kChunks * kChunk <= Dp; d += kChunks * kChunk, first = nullptr)
-      value_tile<4, kChunks>(values, count, D, d, weights + g * Pp, Pp, accumulators + g * Dp, Dp, first);
-    for (; d < Dp; d += kChunk, first = nullptr)
-      value_tile<4, 1>(values, count, D, d, weights + g * Pp, Pp, accumulators + g * Dp, Dp, first);
+  for (; g + 4 <= G; g += 4)
+    head_values<4>(values, count, D, Dp, weights + g * Pp, Pp, accumulators + g * Dp, first);
+  switch (G - g) {
+    case 3: head_values<3>(values, count, D, Dp, weights + g * Pp, Pp, accumulators + g * Dp, first); break;
+    case 2: head_values<2>(values, count, D, Dp, weights + g * Pp, Pp, accumulators + g * Dp, first); break;
+    case 1: head_values<1>(values, count, D, Dp, weights + g * Pp, Pp, accumulators + g * Dp, first); break;
+    default: break;
   }
-  for (; g < G; ++g)
-    for (int64_t d = 0; d < Dp; d += kChunk, first = nullptr)
-      value_tile<1, 1>(values, count, D, d, weights + g * Pp, Pp, accumulators + g * Dp, Dp, first);
 }
 
 struct BlockMass {
