@@ -47,9 +47,10 @@ def case_data(case):
     return make_data(case)
 
 
-def expected(op_name, case, inputs_of=None):
+def expected(op_name, case, inputs_of=None, sparse=True):
     """(inputs, attributes, reference outputs) of `op_name` on the case; `inputs_of` may adjust the
-    inputs (e.g. pad the caches) before the reference runs."""
+    inputs (e.g. pad the caches) before the reference runs; `sparse=False` makes the attention
+    dense causal."""
     data = case_data(case)
     if op_name == "QuestMetadata":
         inputs, attributes = metadata_args(data)
@@ -58,7 +59,7 @@ def expected(op_name, case, inputs_of=None):
         inputs, attributes = select_args(data)
         reference = sparse_block_select
     else:
-        inputs, attributes = attention_args(data)
+        inputs, attributes = attention_args(data, sparse)
         reference = sparse_block_attention
     if inputs_of is not None:
         inputs = inputs_of(inputs)

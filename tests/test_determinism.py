@@ -15,17 +15,22 @@ import sys
 import numpy as np
 import pytest
 
-from cases import CASES, OP_ARGUMENTS, make_data
+from cases import CASES, OP_ARGUMENTS, attention_args, make_data
 from quest_ort.ops import native_supported_isas
 from quest_ort.runtime.single_op import run_op
 from tolerances import assert_equal
 
 # The cases with the most (batch, KV head) work items, where threads split the work differently.
 BUSY = sorted(CASES, key=lambda c: -c.batch * c.heads[1] * c.new_tokens)[:4]
-OUTPUTS = {
-    "QuestMetadata": None,
-    "SparseBlockSelect": None,
-    "SparseBlockAttention": ("output", "key_cache_out", "value_cache_out", "block_importance"),
+ATTENTION_OUTPUTS = ("output", "key_cache_out", "value_cache_out", "block_importance")
+# Each call: (op, its arguments from a case's data, the outputs compared). Dense causal attention
+# has its own path (prefill attends in tiles of queries), so it is a call of its own.
+CALLS = {
+    "QuestMetadata": ("QuestMetadata", OP_ARGUMENTS["QuestMetadata"], None),
+    "SparseBlockSelect": ("SparseBlockSelect", OP_ARGUMENTS["SparseBlockSelect"], None),
+    "SparseBlockAttention": ("SparseBlockAttention", OP_ARGUMENTS["SparseBlockAttention"], ATTENTION_OUTPUTS),
+    "SparseBlockAttention-dense": ("SparseBlockAttention", lambda data: attention_args(data, sparse=False),
+                                   ATTENTION_OUTPUTS),
 }
 
 
@@ -46,21 +51,22 @@ def all_outputs(threads: int) -> dict[str, np.ndarray]:
     results = {}
     for case in BUSY:
         for fill in FILLS:
-            for op_name, outputs in OUTPUTS.items():
-                inputs, attributes = OP_ARGUMENTS[op_name](case_data(case, fill))
+            for call, (op_name, arguments, outputs) in CALLS.items():
+                inputs, attributes = arguments(case_data(case, fill))
                 for name, value in run_op(op_name, inputs, attributes, outputs=outputs, threads=threads).items():
-                    results[f"{case.id}/{fill}/{op_name}/{name}"] = value
+                    results[f"{case.id}/{fill}/{call}/{name}"] = value
     return results
 
 
 @pytest.mark.parametrize("fill", FILLS)
-@pytest.mark.parametrize("op_name", list(OUTPUTS))
+@pytest.mark.parametrize("call", list(CALLS))
 @pytest.mark.parametrize("case", BUSY, ids=lambda case: case.id)
-def test_same_bits_for_any_thread_count_and_run(case, op_name, fill):
-    inputs, attributes = OP_ARGUMENTS[op_name](case_data(case, fill))
-    first = run_op(op_name, inputs, attributes, outputs=OUTPUTS[op_name], threads=1)
+def test_same_bits_for_any_thread_count_and_run(case, call, fill):
+    op_name, arguments, outputs = CALLS[call]
+    inputs, attributes = arguments(case_data(case, fill))
+    first = run_op(op_name, inputs, attributes, outputs=outputs, threads=1)
     for threads in (1, 2, 3):
-        again = run_op(op_name, inputs, attributes, outputs=OUTPUTS[op_name], threads=threads)
+        again = run_op(op_name, inputs, attributes, outputs=outputs, threads=threads)
         for name, value in first.items():
             assert_equal(again[name], value, f"{name} with {threads} threads")
 

@@ -40,11 +40,16 @@ def _command(machine):
     return command
 
 
+# Each call: (op, sparse). Dense causal attention takes its own path (prefill in query tiles).
+CALLS = {name: (name, True) for name in OUTPUTS} | {"SparseBlockAttention-dense": ("SparseBlockAttention", False)}
+
+
 @pytest.mark.parametrize("machine", list(MACHINES))
-@pytest.mark.parametrize("op_name", list(OUTPUTS))
+@pytest.mark.parametrize("call", list(CALLS))
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
-def test_variants_match_scalar_and_reference(case, op_name, machine, tmp_path):
-    inputs, attributes, expected = reference_outputs(op_name, case)
+def test_variants_match_scalar_and_reference(case, call, machine, tmp_path):
+    op_name, sparse = CALLS[call]
+    inputs, attributes, expected = reference_outputs(op_name, case, sparse=sparse)
     total = total_lens(inputs, case)
     write_case(tmp_path, op_name, inputs, attributes, case, total)
     run = subprocess.run([*_command(machine), str(tmp_path)], capture_output=True, text=True, timeout=600)

@@ -5,6 +5,8 @@
 // its `Lanes` type, inside its target region.
 #pragma once
 
+#include <utility>
+
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -55,6 +57,15 @@ Lanes round_to(const Lanes& v) {
     return v.round_half();
   else
     return v;
+}
+
+// f(std::integral_constant<int, I>{}) for I = 0 .. N-1, unrolled from the start: indices into
+// small arrays of vectors are constants before any optimisation pass, so the arrays stay in
+// registers (a loop the compiler unrolls late leaves them on the stack).
+template <int N, typename F>
+QUEST_INLINE void unrolled(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(
+      std::make_integer_sequence<int, N>{});
 }
 
 // Prefetches one row of D values (one request per 64-byte line). The attention streams rows from

@@ -37,24 +37,24 @@ template <int Heads, int Rows, typename TC>
 QUEST_INLINE void logits_tile(const float* q, int64_t Dp, const TC* keys, int64_t D, float* logits, int64_t Pp) {
   static_assert(Heads >= 1 && Heads <= 4, "one to four query rows per tile");
   Lanes acc[Heads * Rows];
-  for (int j = 0; j < Heads * Rows; ++j) acc[j] = Lanes::zero();
+  unrolled<Heads * Rows>([&](auto j) { acc[j] = Lanes::zero(); });
   for (int64_t d = 0; d < D; d += kChunk) {
     Lanes x[Heads];
-    for (int h = 0; h < Heads; ++h) x[h] = Lanes::load(q + h * Dp + d);
-    for (int r = 0; r < Rows; ++r) {
+    unrolled<Heads>([&](auto h) { x[h] = Lanes::load(q + h * Dp + d); });
+    unrolled<Rows>([&](auto r) {
       const Lanes k = load_row(keys + r * D, d, D);
-      for (int h = 0; h < Heads; ++h) acc[h * Rows + r] = acc[h * Rows + r] + x[h] * k;
-    }
+      unrolled<Heads>([&](auto h) { acc[h * Rows + r] = acc[h * Rows + r] + x[h] * k; });
+    });
   }
-  for (int r = 0; r < Rows; ++r) {
+  unrolled<Rows>([&](auto r) {
     if constexpr (Heads == 4) {
       float folded[4];
       Lanes::fold4(acc[r], acc[Rows + r], acc[2 * Rows + r], acc[3 * Rows + r], folded);
       for (int h = 0; h < 4; ++h) logits[h * Pp + r] = folded[h];
     } else {
-      for (int h = 0; h < Heads; ++h) logits[h * Pp + r] = acc[h * Rows + r].fold();
+      unrolled<Heads>([&](auto h) { logits[h * Pp + r] = acc[h * Rows + r].fold(); });
     }
-  }
+  });
 }
 
 // The rows a block reads in order (its keys, then its values), and the next block's keys after
@@ -66,8 +66,10 @@ struct RowStream {
   const TC* values;
   const TC* next_keys;  // null after the last block
   int64_t count, next_count, D;
+  bool prefetching = true;  // off when the rows are already in cache (a query tile's later queries)
 
   QUEST_INLINE void prefetch(int64_t i) const {
+    if (!prefetching) return;
     int64_t row = i + kAhead;
     if (row < count) return prefetch_row(keys + row * D, D);
     row -= count;
@@ -126,20 +128,22 @@ template <int Heads, int Chunks, typename TC>
 QUEST_INLINE void value_tile(const TC* values, int64_t count, int64_t D, int64_t d, const float* weights, int64_t Pp,
                              float* accumulators, int64_t Dp, const RowStream<TC>* rows) {
   Lanes acc[Heads * Chunks];
-  for (int h = 0; h < Heads; ++h)
-    for (int c = 0; c < Chunks; ++c) acc[h * Chunks + c] = Lanes::load(accumulators + h * Dp + d + c * kChunk);
+  unrolled<Heads>([&](auto h) {
+    unrolled<Chunks>([&](auto c) { acc[h * Chunks + c] = Lanes::load(accumulators + h * Dp + d + c * kChunk); });
+  });
   for (int64_t t = 0; t < count; ++t) {
     if (rows != nullptr) rows->prefetch(count + t);
     const TC* v = values + t * D;
     Lanes w[Heads];
-    for (int h = 0; h < Heads; ++h) w[h] = Lanes::broadcast(weights[h * Pp + t]);
-    for (int c = 0; c < Chunks; ++c) {
+    unrolled<Heads>([&](auto h) { w[h] = Lanes::broadcast(weights[h * Pp + t]); });
+    unrolled<Chunks>([&](auto c) {
       const Lanes x = load_row(v, d + c * kChunk, D);
-      for (int h = 0; h < Heads; ++h) acc[h * Chunks + c] = acc[h * Chunks + c] + w[h] * x;
-    }
+      unrolled<Heads>([&](auto h) { acc[h * Chunks + c] = acc[h * Chunks + c] + w[h] * x; });
+    });
   }
-  for (int h = 0; h < Heads; ++h)
-    for (int c = 0; c < Chunks; ++c) acc[h * Chunks + c].store(accumulators + h * Dp + d + c * kChunk);
+  unrolled<Heads>([&](auto h) {
+    unrolled<Chunks>([&](auto c) { acc[h * Chunks + c].store(accumulators + h * Dp + d + c * kChunk); });
+  });
 }
 
 // Adds the weighted value rows to the accumulators of `Heads` heads, chunk group by chunk group;
@@ -180,110 +184,179 @@ struct BlockMass {
   float weight_sum;
 };
 
+// One query's online-softmax state: its G query rows and, per head, the accumulator, the running
+// max and denominator, and each attended block's mass (for block_importance).
+struct QueryState {
+  float* queries;       // [G][Dp]
+  float* accumulators;  // [G][Dp]
+  float* max_logit;     // [G]
+  float* denominator;   // [G]
+  std::vector<BlockMass>* masses;
+};
+
 struct AttentionScratch {
   std::vector<float> queries, accumulators, logits, weights, max_logit, denominator;
   std::vector<int32_t> blocks;
-  std::vector<BlockMass> masses;
+  std::vector<std::vector<BlockMass>> masses;
+
+  void reserve(int64_t slots, int64_t G, int64_t Dp, int64_t Pp) {
+    queries.resize(slots * G * Dp);
+    accumulators.resize(slots * G * Dp);
+    max_logit.resize(slots * G);
+    denominator.resize(slots * G);
+    masses.resize(slots);
+    logits.resize(G * Pp);
+    weights.resize(G * Pp);
+  }
+  QueryState slot(int64_t i, int64_t G, int64_t Dp) {
+    return {queries.data() + i * G * Dp, accumulators.data() + i * G * Dp, max_logit.data() + i * G,
+            denominator.data() + i * G, &masses[i]};
+  }
 };
+
+// Loads query i's G rows (zero-padded) and clears its softmax state.
+template <typename T>
+void begin_query(const T* query, int64_t S, int64_t D, int64_t G, int64_t Dp, const QueryState& q) {
+  for (int64_t g = 0; g < G; ++g) load_padded(query + g * S * D, D, q.queries + g * Dp);
+  std::fill(q.accumulators, q.accumulators + G * Dp, 0.0f);
+  std::fill(q.max_logit, q.max_logit + G, -std::numeric_limits<float>::infinity());
+  std::fill(q.denominator, q.denominator + G, 0.0f);
+  q.masses->clear();
+}
+
+// One block of one query, in the scalar kernel's order: logits, then per head the block max,
+// rescale and weights, then the weighted values.
+template <typename TC>
+void attend_block(const SparseBlockAttentionParams& prm, const RowStream<TC>& rows, int32_t block, bool importance,
+                  int64_t G, int64_t Dp, int64_t Pp, AttentionScratch& s, const QueryState& q) {
+  const int64_t count = rows.count;
+  // Logits: key rows tiled against up to four heads at a time (independent sums, canonical order each).
+  block_logits(q.queries, G, Dp, rows, Pp, prm, s.logits.data());
+  for (int64_t g = 0; g < G; ++g) {
+    float* logits = s.logits.data() + g * Pp;
+    float* acc = q.accumulators + g * Dp;
+    // -inf past the block's rows: they add nothing to the max and weigh exp(-inf) = 0.
+    std::fill(logits + count, logits + padded(count), -std::numeric_limits<float>::infinity());
+    Lanes lane_max = Lanes::broadcast(-std::numeric_limits<float>::infinity());
+    for (int64_t t = 0; t < count; t += kChunk) lane_max = Lanes::max_select(Lanes::load(logits + t), lane_max);
+    const float new_max = max_select(lane_max.fold_max(), q.max_logit[g]);
+    const float rescale = canonical_exp(q.max_logit[g] - new_max);
+    q.denominator[g] = q.denominator[g] * rescale;
+    const Lanes scale_lanes = Lanes::broadcast(rescale);
+    for (int64_t d = 0; d < Dp; d += kChunk) (Lanes::load(acc + d) * scale_lanes).store(acc + d);
+    const Lanes shift = Lanes::broadcast(new_max);
+    float* weights = s.weights.data() + g * Pp;
+    Lanes lane_sum = Lanes::zero();
+    for (int64_t t = 0; t < count; t += kChunk) {
+      const Lanes w = exp_lanes(Lanes::load(logits + t) - shift);
+      w.store(weights + t);
+      lane_sum = lane_sum + w;
+    }
+    const float weight_sum = lane_sum.fold();
+    q.denominator[g] = q.denominator[g] + weight_sum;
+    q.max_logit[g] = new_max;
+    if (importance) q.masses->push_back(BlockMass{block, new_max, weight_sum});
+  }
+  // Values: added, weighted, to the G accumulators in t order.
+  block_values(rows, Dp, G, s.weights.data(), Pp, q.accumulators);
+}
+
+// Writes the query's normalised output and adds its blocks' attention mass to `importance`.
+template <typename T>
+void finish_query(const QueryState& q, int64_t G, int64_t D, int64_t Dp, T* out, float* importance) {
+  for (int64_t g = 0; g < G; ++g) {
+    const float* acc = q.accumulators + g * Dp;
+    const float denominator = q.denominator[g];
+    const Lanes denominators = Lanes::broadcast(denominator);
+    for (int64_t d = 0; d < D; d += kChunk) {
+      const Lanes result = denominator > 0.0f ? Lanes::load(acc + d) / denominators : Lanes::zero();
+      store_row(result, out + g * D, d, D);
+    }
+  }
+  for (size_t j = 0; j < q.masses->size(); ++j) {
+    const int64_t g = static_cast<int64_t>(j) % G;
+    const BlockMass& mass = (*q.masses)[j];
+    importance[mass.block] += mass.weight_sum * canonical_exp(mass.max_logit - q.max_logit[g]) / q.denominator[g];
+  }
+}
+
+// Queries that share one pass over the blocks in dense causal prefill: each block is read from
+// memory once for the tile instead of once per query.
+inline constexpr int64_t kQueryTile = 16;
 
 template <typename T, typename TC>
 void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, P = prm.block_size;
   const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k, Dp = padded(D);
   const int64_t Pp = padded(rows_per_block(prm));
+  // Dense causal calls with several queries attend in tiles of queries; the others query by query.
+  const bool tiled = prm.block_indices == nullptr && S > 1;
   thread_local AttentionScratch s;
-  s.queries.resize(G * Dp);
-  s.accumulators.resize(G * Dp);
-  s.logits.resize(G * Pp);
-  s.weights.resize(G * Pp);
-  s.max_logit.resize(G);
-  s.denominator.resize(G);
+  s.reserve(tiled ? std::min(S, kQueryTile) : 1, G, Dp, Pp);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads;
     const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
     const TC* key_cache = static_cast<const TC*>(prm.key_cache) + item * C * D;
     const TC* value_cache = static_cast<const TC*>(prm.value_cache) + item * C * D;
-    float* importance = prm.block_importance ? prm.block_importance + item * prm.num_blocks : nullptr;
-    if (importance) std::fill(importance, importance + prm.num_blocks, 0.0f);
-    for (int64_t i = 0; i < S; ++i) {
-      T* out = static_cast<T*>(prm.output) + (b * S + i) * H * D + n * G * D;
-      const int64_t p = past + i;
-      if (p >= total) {
-        std::fill(out, out + G * D, from_float<T>(0.0f));
-        continue;
-      }
-      s.blocks.clear();
-      if (prm.block_indices) {
-        const int32_t* row = prm.block_indices + (item * S + i) * K;
-        for (int64_t j = 0; j < K; ++j)
-          if (row[j] >= 0) s.blocks.push_back(row[j]);
-      } else {
-        for (int32_t m = 0; m <= p / P; ++m) s.blocks.push_back(m);
-      }
-      const T* query = static_cast<const T*>(prm.query) + ((b * H + n * G) * S + i) * D;
-      for (int64_t g = 0; g < G; ++g) load_padded(query + g * S * D, D, s.queries.data() + g * Dp);
-      std::fill(s.accumulators.begin(), s.accumulators.end(), 0.0f);
-      std::fill(s.max_logit.begin(), s.max_logit.end(), -std::numeric_limits<float>::infinity());
-      std::fill(s.denominator.begin(), s.denominator.end(), 0.0f);
-      s.masses.clear();
-      // Blocks after the query attend nothing; drop them so the prefetch stream sees the real next block.
-      s.blocks.erase(std::remove_if(s.blocks.begin(), s.blocks.end(), [&](int32_t m) { return m * P > p; }),
-                     s.blocks.end());
-      for (size_t j = 0; j < s.blocks.size(); ++j) {
-        const int64_t block = s.blocks[j];
-        const int64_t first = block * P, last = std::min<int64_t>(first + P, p + 1);
-        const int64_t count = last - first;
-        RowStream<TC> rows{key_cache + first * D, value_cache + first * D, nullptr, count, 0, D};
-        if (j + 1 < s.blocks.size()) {
-          const int64_t next = s.blocks[j + 1] * P;
-          rows.next_keys = key_cache + next * D;
-          rows.next_count = std::min<int64_t>(next + P, p + 1) - next;
-        }
-        // Logits: key rows tiled against four heads at a time (independent sums, canonical order each).
-        block_logits(s.queries.data(), G, Dp, rows, Pp, prm, s.logits.data());
-        // Online softmax per head: block max, rescale, weights (the scalar kernel's order).
-        for (int64_t g = 0; g < G; ++g) {
-          float* logits = s.logits.data() + g * Pp;
-          float* acc = s.accumulators.data() + g * Dp;
-          // -inf past the block's rows: they add nothing to the max and weigh exp(-inf) = 0.
-          std::fill(logits + count, logits + padded(count), -std::numeric_limits<float>::infinity());
-          Lanes lane_max = Lanes::broadcast(-std::numeric_limits<float>::infinity());
-          for (int64_t t = 0; t < count; t += kChunk) lane_max = Lanes::max_select(Lanes::load(logits + t), lane_max);
-          const float new_max = max_select(lane_max.fold_max(), s.max_logit[g]);
-          const float rescale = canonical_exp(s.max_logit[g] - new_max);
-          s.denominator[g] = s.denominator[g] * rescale;
-          const Lanes scale_lanes = Lanes::broadcast(rescale);
-          for (int64_t d = 0; d < Dp; d += kChunk) (Lanes::load(acc + d) * scale_lanes).store(acc + d);
-          const Lanes shift = Lanes::broadcast(new_max);
-          float* weights = s.weights.data() + g * Pp;
-          Lanes lane_sum = Lanes::zero();
-          for (int64_t t = 0; t < count; t += kChunk) {
-            const Lanes w = exp_lanes(Lanes::load(logits + t) - shift);
-            w.store(weights + t);
-            lane_sum = lane_sum + w;
+    const bool importance = prm.block_importance != nullptr;
+    float* item_importance = importance ? prm.block_importance + item * prm.num_blocks : nullptr;
+    if (importance) std::fill(item_importance, item_importance + prm.num_blocks, 0.0f);
+    const T* query = static_cast<const T*>(prm.query) + (b * H + n * G) * S * D;
+    auto output = [&](int64_t i) { return static_cast<T*>(prm.output) + (b * S + i) * H * D + n * G * D; };
+    auto rows_of = [&](int64_t block, int64_t p) {
+      const int64_t first = block * P;
+      return RowStream<TC>{key_cache + first * D, value_cache + first * D, nullptr, std::min(first + P, p + 1) - first,
+                           0, D};
+    };
+    for (int64_t i0 = 0; i0 < S; i0 += tiled ? kQueryTile : 1) {
+      // Queries [i0, i1) that attend: positions before total (the rest output zeros).
+      const int64_t i1 = std::min(S, i0 + (tiled ? kQueryTile : 1));
+      const int64_t attending = std::max<int64_t>(0, std::min(i1, total - past) - i0);
+      for (int64_t i = i0 + attending; i < i1; ++i) std::fill(output(i), output(i) + G * D, from_float<T>(0.0f));
+      if (attending == 0) continue;
+      for (int64_t j = 0; j < attending; ++j) begin_query(query + (i0 + j) * D, S, D, G, Dp, s.slot(j, G, Dp));
+      if (tiled) {
+        //   block m:  query i0 | query i0+1 | ... (each its own state; block m read once, then cached)
+        const int64_t last_block = (past + i0 + attending - 1) / P;
+        for (int64_t m = 0; m <= last_block; ++m) {
+          bool first_reader = true;
+          for (int64_t j = 0; j < attending; ++j) {
+            const int64_t p = past + i0 + j;
+            if (m * P > p) continue;
+            RowStream<TC> rows = rows_of(m, p);
+            rows.prefetching = first_reader;
+            if (m < last_block) {
+              rows.next_keys = key_cache + (m + 1) * P * D;
+              rows.next_count = std::min<int64_t>(P, past + i0 + attending - (m + 1) * P);
+            }
+            attend_block(prm, rows, static_cast<int32_t>(m), importance, G, Dp, Pp, s, s.slot(j, G, Dp));
+            first_reader = false;
           }
-          const float weight_sum = lane_sum.fold();
-          s.denominator[g] = s.denominator[g] + weight_sum;
-          s.max_logit[g] = new_max;
-          if (importance) s.masses.push_back(BlockMass{static_cast<int32_t>(block), new_max, weight_sum});
         }
-        // Values: added, weighted, to the G accumulators in t order.
-        block_values(rows, Dp, G, s.weights.data(), Pp, s.accumulators.data());
-      }
-      for (int64_t g = 0; g < G; ++g) {
-        const float* acc = s.accumulators.data() + g * Dp;
-        const float denominator = s.denominator[g];
-        const Lanes denominators = Lanes::broadcast(denominator);
-        for (int64_t d = 0; d < D; d += kChunk) {
-          const Lanes result = denominator > 0.0f ? Lanes::load(acc + d) / denominators : Lanes::zero();
-          store_row(result, out + g * D, d, D);
+      } else {
+        const int64_t p = past + i0;
+        s.blocks.clear();
+        if (prm.block_indices) {
+          const int32_t* row = prm.block_indices + (item * S + i0) * K;
+          // Unselected (-1) blocks and blocks after the query attend nothing; dropping them lets
+          // the prefetch stream see the real next block.
+          for (int64_t j = 0; j < K; ++j)
+            if (row[j] >= 0 && row[j] * P <= p) s.blocks.push_back(row[j]);
+        } else {
+          for (int32_t m = 0; m <= p / P; ++m) s.blocks.push_back(m);
+        }
+        for (size_t j = 0; j < s.blocks.size(); ++j) {
+          RowStream<TC> rows = rows_of(s.blocks[j], p);
+          if (j + 1 < s.blocks.size()) {
+            const int64_t next = s.blocks[j + 1] * P;
+            rows.next_keys = key_cache + next * D;
+            rows.next_count = std::min<int64_t>(next + P, p + 1) - next;
+          }
+          attend_block(prm, rows, s.blocks[j], importance, G, Dp, Pp, s, s.slot(0, G, Dp));
         }
       }
-      for (size_t j = 0; j < s.masses.size(); ++j) {
-        const int64_t g = static_cast<int64_t>(j) % G;
-        const BlockMass& mass = s.masses[j];
-        importance[mass.block] += mass.weight_sum * canonical_exp(mass.max_logit - s.max_logit[g]) / s.denominator[g];
-      }
+      for (int64_t j = 0; j < attending; ++j)
+        finish_query(s.slot(j, G, Dp), G, D, Dp, output(i0 + j), item_importance);
     }
   }
 }
