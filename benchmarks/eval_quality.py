@@ -75,16 +75,22 @@ def export_base(block_size: int, capacity: int) -> pathlib.Path:
     return folder
 
 
-def write_variant(folder: pathlib.Path, name: str, analysis: bool = False, **attributes) -> str:
+def write_variant(folder: pathlib.Path, name: str, analysis: bool = False, dense_selects: tuple[int, int] = (0, 0),
+                  **attributes) -> str:
     """A graph next to the export with new SparseBlockSelect attributes; `analysis` also makes
-    the attention dense and exposes each layer's selection and dense attention mass."""
+    the attention dense and exposes each layer's selection and dense attention mass.
+    `dense_selects` = (n, every_block): the first n sparse layers select every block instead
+    (dense-equivalent by contract), as if exported with more dense layers."""
     model = onnx.load(str(folder / "model.quest.onnx"), load_external_data=False)
     extra = []
+    selects = 0
     for node in model.graph.node:
         if node.op_type == "SparseBlockSelect":
-            kept = [a for a in node.attribute if a.name not in attributes]
+            values = attributes | ({"top_k": dense_selects[1]} if selects < dense_selects[0] else {})
+            selects += 1
+            kept = [a for a in node.attribute if a.name not in values]
             del node.attribute[:]
-            node.attribute.extend(kept + [onnx.helper.make_attribute(k, v) for k, v in attributes.items()])
+            node.attribute.extend(kept + [onnx.helper.make_attribute(k, v) for k, v in values.items()])
             if analysis:
                 extra.append(node.output[0])
         if analysis and node.op_type == "SparseBlockAttention" and len(node.input) > 6 and node.input[6]:

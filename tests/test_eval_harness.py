@@ -80,3 +80,18 @@ def test_report_counts_only_keys_dense_retrieves_and_keeps_the_written_text(tmp_
     assert "reading" in text and "old" not in text
     assert "| probe | 32 | 1/2 (2/3) |" in text  # one of dense's two keys; two of all three
     assert "| probe | 32 | 11.000 (+10.0%) |" in text
+
+
+def test_variant_makes_the_first_sparse_layers_select_every_block(tmp_path):
+    import onnx
+    from onnx import helper
+
+    nodes = [helper.make_node("SparseBlockSelect", [f"q{i}"], [f"idx{i}"], domain="com.quest", top_k=32,
+                              recent_blocks=1) for i in range(3)]
+    graph = helper.make_graph(nodes, "g", [], [])
+    onnx.save(helper.make_model(graph), str(tmp_path / "model.quest.onnx"))
+    file = eval_quality.write_variant(tmp_path, "v", dense_selects=(2, 272), top_k=8, recent_blocks=4)
+    saved = onnx.load(str(tmp_path / file))
+    attributes = [{a.name: helper.get_attribute_value(a) for a in n.attribute} for n in saved.graph.node]
+    assert attributes == [dict(top_k=272, recent_blocks=4), dict(top_k=272, recent_blocks=4),
+                          dict(top_k=8, recent_blocks=4)]
