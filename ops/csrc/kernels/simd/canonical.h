@@ -5,11 +5,10 @@
 // its `Lanes` type, inside its target region.
 #pragma once
 
-#include <utility>
-
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "../arith.h"
 
