@@ -30,13 +30,13 @@ struct SparseBlockSelectParams {
   int32_t* block_indices = nullptr;  // [B, N, S, K] output
 };
 
-// The positions the probe policy reads in `block` for a query at `p`: all attended positions when
-// there are at most num_probes, else num_probes evenly spaced ones (first + j * n / num_probes).
 // Positions of `block` a query at `p` attends: min(P, p + 1 - block * P).
 inline int64_t probe_span(int64_t block, int64_t p, int64_t P) {
   const int64_t n = p + 1 - block * P;
   return n < P ? n : P;
 }
+// The positions the probe policy reads in `block` for a query at `p`: all attended positions when
+// there are at most num_probes, else num_probes evenly spaced ones (first + j * n / num_probes).
 inline int64_t probe_count(int64_t block, int64_t p, int64_t P, int64_t num_probes) {
   const int64_t n = probe_span(block, p, P);
   return n < num_probes ? n : num_probes;

@@ -211,6 +211,10 @@ BoundInputs::BoundInputs(const schema::OpSchema& op, OrtKernelContext* context, 
     for (int d = 0; d < spec.rank; ++d)
       bind_dim(spec.dims[d], arg.shape[d], where + " dim " + std::to_string(d));
   }
+  // Every op multiplies over the head dim; an empty head has no meaning (and would divide by zero
+  // in tiling plans), so it is refused here, for every adapter.
+  if (const auto head_dim = dims_.find("D"); head_dim != dims_.end() && head_dim->second < 1)
+    fail(dim_origins_.at("D") + " (D) must be positive");
   for (int k = 0; k < op.num_derived; ++k) {
     const schema::DerivedSpec& derived = op.derived[k];
     const int64_t a = dims_.at(derived.a), b = dims_.at(derived.b);

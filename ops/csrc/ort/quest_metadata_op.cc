@@ -14,7 +14,6 @@ const schema::OpSchema& QuestMetadataKernel::schema() { return io::kSchema; }
 void QuestMetadataKernel::Compute(OrtKernelContext* context) {
   const BoundInputs in(schema(), context, attributes_);
   const int64_t B = in.dim("B"), N = in.dim("N"), S = in.dim("S"), M = in.dim("M"), P = in.dim("P");
-  if (in.dim("D") < 1) in.fail("input 'key' dim 3 (D) must be positive");
   const std::vector<int32_t> total =
       resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
   void* block_max = allocate_output(context, in, io::out::block_max_out);

@@ -50,7 +50,6 @@ const schema::OpSchema& SparseBlockAttentionKernel::schema() { return io::kSchem
 void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
   const BoundInputs in(schema(), context, attributes_);
   const int64_t B = in.dim("B"), N = in.dim("N"), S = in.dim("S"), C = in.dim("C"), D = in.dim("D");
-  if (D < 1) in.fail("input 'query' dim 3 (D) must be positive");
   const int64_t num_blocks = in.dim("MC");
   const std::vector<int32_t> total =
       resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, C, "the cache capacity C (key_cache dim 2)");

@@ -16,7 +16,6 @@ const schema::OpSchema& SparseBlockSelectKernel::schema() { return io::kSchema; 
 void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
   const BoundInputs in(schema(), context, attributes_);
   const int64_t B = in.dim("B"), N = in.dim("N"), S = in.dim("S"), M = in.dim("M"), P = in.dim("P");
-  if (in.dim("D") < 1) in.fail("input 'query' dim 3 (D) must be positive");
   const std::vector<int32_t> total =
       resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
   const bool probe = attributes_.get_string("score") == "probe";

@@ -1,7 +1,7 @@
 // Scalar reference kernels of SparseBlockAttention: the cache write and block-wise online softmax.
 //
 // Each query walks its blocks in the given order, one block of at most P positions at a time,
-// so the scratch per query is O(P + D) whatever the context: prefill never builds an S x C matrix.
+// so the scratch per query is O(min(P, C) + D) whatever the context: prefill never builds an S x C matrix.
 #include <algorithm>
 #include <vector>
 

@@ -105,28 +105,6 @@ QUEST_INLINE float dot(const float* q, const TC* k, int64_t D) {
   return acc.fold();
 }
 
-// Four canonical dot products of zero-padded float rows with one row `k`: independent sums.
-template <typename TC>
-QUEST_INLINE void dot4(const float* q0, const float* q1, const float* q2, const float* q3, const TC* k, int64_t D, float* out) {
-  Lanes a0 = Lanes::zero(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t d = 0;
-  for (; d + kChunk <= D; d += kChunk) {
-    const Lanes kd = Lanes::load(k + d);
-    a0 = a0 + Lanes::load(q0 + d) * kd;
-    a1 = a1 + Lanes::load(q1 + d) * kd;
-    a2 = a2 + Lanes::load(q2 + d) * kd;
-    a3 = a3 + Lanes::load(q3 + d) * kd;
-  }
-  if (d < D) {
-    const Lanes kd = load_partial(k + d, D - d);
-    a0 = a0 + Lanes::load(q0 + d) * kd;
-    a1 = a1 + Lanes::load(q1 + d) * kd;
-    a2 = a2 + Lanes::load(q2 + d) * kd;
-    a3 = a3 + Lanes::load(q3 + d) * kd;
-  }
-  out[0] = a0.fold(), out[1] = a1.fold(), out[2] = a2.fold(), out[3] = a3.fold();
-}
-
 // Loads a row of D values of type T into a float row zero-padded to a multiple of 16.
 template <typename T>
 void load_padded(const T* row, int64_t D, float* out) {

@@ -1,8 +1,6 @@
 // QuestMetadata over 16-lane vectors: merge each valid key, rounded to the cache type, into its block.
 #pragma once
 
-#include <type_traits>
-
 #include "../quest_metadata.h"
 #include "canonical.h"
 

@@ -199,12 +199,13 @@ struct AttentionScratch {
   std::vector<int32_t> blocks;
   std::vector<std::vector<BlockMass>> masses;
 
-  void reserve(int64_t slots, int64_t G, int64_t Dp, int64_t Pp) {
+  // Sizes the buffers for `slots` queries (the per-query mass lists only grow, keeping their storage).
+  void fit(int64_t slots, int64_t G, int64_t Dp, int64_t Pp) {
     queries.resize(slots * G * Dp);
     accumulators.resize(slots * G * Dp);
     max_logit.resize(slots * G);
     denominator.resize(slots * G);
-    masses.resize(slots);
+    if (static_cast<int64_t>(masses.size()) < slots) masses.resize(slots);
     logits.resize(G * Pp);
     weights.resize(G * Pp);
   }
@@ -289,10 +290,12 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
   const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, P = prm.block_size;
   const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k, Dp = padded(D);
   const int64_t Pp = padded(rows_per_block(prm));
-  // Dense causal calls with several queries attend in tiles of queries; the others query by query.
-  const bool tiled = prm.block_indices == nullptr && S > 1;
+  // Dense causal calls attend in tiles of queries (blocks in order, each read once per tile);
+  // calls with block indices query by query (each query its own blocks).
+  const bool tiled = prm.block_indices == nullptr;
+  const int64_t tile = tiled ? kQueryTile : 1;
   thread_local AttentionScratch s;
-  s.reserve(tiled ? std::min(S, kQueryTile) : 1, G, Dp, Pp);
+  s.fit(std::min(S, tile), G, Dp, Pp);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads;
     const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
@@ -308,9 +311,9 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
       return RowStream<TC>{key_cache + first * D, value_cache + first * D, nullptr, std::min(first + P, p + 1) - first,
                            0, D};
     };
-    for (int64_t i0 = 0; i0 < S; i0 += tiled ? kQueryTile : 1) {
+    for (int64_t i0 = 0; i0 < S; i0 += tile) {
       // Queries [i0, i1) that attend: positions before total (the rest output zeros).
-      const int64_t i1 = std::min(S, i0 + (tiled ? kQueryTile : 1));
+      const int64_t i1 = std::min(S, i0 + tile);
       const int64_t attending = std::max<int64_t>(0, std::min(i1, total - past) - i0);
       for (int64_t i = i0 + attending; i < i1; ++i) std::fill(output(i), output(i) + G * D, from_float<T>(0.0f));
       if (attending == 0) continue;
@@ -335,16 +338,12 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
         }
       } else {
         const int64_t p = past + i0;
+        const int32_t* row = prm.block_indices + (item * S + i0) * K;
+        // Unselected (-1) blocks and blocks after the query attend nothing; dropping them lets the
+        // prefetch stream see the real next block.
         s.blocks.clear();
-        if (prm.block_indices) {
-          const int32_t* row = prm.block_indices + (item * S + i0) * K;
-          // Unselected (-1) blocks and blocks after the query attend nothing; dropping them lets
-          // the prefetch stream see the real next block.
-          for (int64_t j = 0; j < K; ++j)
-            if (row[j] >= 0 && row[j] * P <= p) s.blocks.push_back(row[j]);
-        } else {
-          for (int32_t m = 0; m <= p / P; ++m) s.blocks.push_back(m);
-        }
+        for (int64_t j = 0; j < K; ++j)
+          if (row[j] >= 0 && row[j] * P <= p) s.blocks.push_back(row[j]);
         for (size_t j = 0; j < s.blocks.size(); ++j) {
           RowStream<TC> rows = rows_of(s.blocks[j], p);
           if (j + 1 < s.blocks.size()) {
