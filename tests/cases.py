@@ -8,6 +8,7 @@ exercises the three ops the way a model's layer chains them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -254,10 +255,13 @@ def attention_args(data: CaseData, sparse: bool = True) -> tuple[dict, dict]:
     )
 
 
-# Which ops each conformance case drives; the schema coverage test requires every op here.
-OP_ARGUMENTS = {
-    "QuestMetadata": metadata_args,
-    "SparseBlockSelect": select_args,
-    "SparseBlockAttention": attention_args,
+# Every call the conformance cases drive: (op, its arguments from a case's data); the schema coverage
+# test requires every op here. Dense causal attention is a call of its own: its prefill takes
+# another path (query tiles) than the sparse one.
+CALLS = {
+    "QuestMetadata": ("QuestMetadata", metadata_args),
+    "SparseBlockSelect": ("SparseBlockSelect", select_args),
+    "SparseBlockAttention": ("SparseBlockAttention", attention_args),
+    "SparseBlockAttention-dense": ("SparseBlockAttention", functools.partial(attention_args, sparse=False)),
 }
 

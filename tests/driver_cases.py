@@ -8,8 +8,8 @@ import pathlib
 
 import numpy as np
 
-from cases import attention_args, make_data, metadata_args, select_args
-from quest_ort.ops.reference import quest_metadata, sparse_block_attention, sparse_block_select
+from cases import CALLS, make_data
+from quest_ort.ops.reference import REFERENCES
 
 OUTPUTS = {
     "QuestMetadata": ("block_max_out", "block_min_out"),
@@ -47,23 +47,14 @@ def case_data(case):
     return make_data(case)
 
 
-def expected(op_name, case, inputs_of=None, sparse=True):
-    """(inputs, attributes, reference outputs) of `op_name` on the case; `inputs_of` may adjust the
-    inputs (e.g. pad the caches) before the reference runs; `sparse=False` makes the attention
-    dense causal."""
-    data = case_data(case)
-    if op_name == "QuestMetadata":
-        inputs, attributes = metadata_args(data)
-        reference = quest_metadata
-    elif op_name == "SparseBlockSelect":
-        inputs, attributes = select_args(data)
-        reference = sparse_block_select
-    else:
-        inputs, attributes = attention_args(data, sparse)
-        reference = sparse_block_attention
+def expected(call, case, inputs_of=None):
+    """(inputs, attributes, reference outputs) of `call` (a key of cases.CALLS, e.g. an op name) on
+    the case; `inputs_of` may adjust the inputs (e.g. pad the caches) before the reference runs."""
+    op_name, arguments = CALLS[call]
+    inputs, attributes = arguments(case_data(case))
     if inputs_of is not None:
         inputs = inputs_of(inputs)
-    outputs = reference(**inputs, **attributes)
+    outputs = REFERENCES[op_name](**inputs, **attributes)
     return inputs, attributes, outputs if isinstance(outputs, tuple) else (outputs,)
 
 

@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from cases import CASES, attention_args, metadata_args, select_args
+from cases import CALLS, CASES
 from driver_cases import OUTPUTS, case_data, total_lens
 from quest_ort.ops.reference import REFERENCES
 from quest_ort.ops.schemas import OPS_BY_NAME
@@ -26,12 +26,6 @@ pytestmark = pytest.mark.arm64
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORLD = REPO / "build" / "arm64"
-CALLS = {  # call name -> (op, argument builder)
-    "metadata": ("QuestMetadata", metadata_args),
-    "select": ("SparseBlockSelect", select_args),
-    "sparse-attention": ("SparseBlockAttention", lambda d: attention_args(d, True)),
-    "dense-attention": ("SparseBlockAttention", lambda d: attention_args(d, False)),
-}
 EXACT = {"block_indices", "key_cache_out", "value_cache_out"}
 
 

@@ -15,23 +15,14 @@ import sys
 import numpy as np
 import pytest
 
-from cases import CASES, OP_ARGUMENTS, attention_args, make_data
+from cases import CALLS, CASES, make_data
+from driver_cases import OUTPUTS
 from quest_ort.ops import native_supported_isas
 from quest_ort.runtime.single_op import run_op
 from tolerances import assert_equal
 
 # The cases with the most (batch, KV head) work items, where threads split the work differently.
 BUSY = sorted(CASES, key=lambda c: -c.batch * c.heads[1] * c.new_tokens)[:4]
-ATTENTION_OUTPUTS = ("output", "key_cache_out", "value_cache_out", "block_importance")
-# Each call: (op, its arguments from a case's data, the outputs compared). Dense causal attention
-# has its own path (prefill attends in tiles of queries), so it is a call of its own.
-CALLS = {
-    "QuestMetadata": ("QuestMetadata", OP_ARGUMENTS["QuestMetadata"], None),
-    "SparseBlockSelect": ("SparseBlockSelect", OP_ARGUMENTS["SparseBlockSelect"], None),
-    "SparseBlockAttention": ("SparseBlockAttention", OP_ARGUMENTS["SparseBlockAttention"], ATTENTION_OUTPUTS),
-    "SparseBlockAttention-dense": ("SparseBlockAttention", lambda data: attention_args(data, sparse=False),
-                                   ATTENTION_OUTPUTS),
-}
 
 
 FILLS = ("random", "zeros")
@@ -51,9 +42,10 @@ def all_outputs(threads: int) -> dict[str, np.ndarray]:
     results = {}
     for case in BUSY:
         for fill in FILLS:
-            for call, (op_name, arguments, outputs) in CALLS.items():
+            for call, (op_name, arguments) in CALLS.items():
                 inputs, attributes = arguments(case_data(case, fill))
-                for name, value in run_op(op_name, inputs, attributes, outputs=outputs, threads=threads).items():
+                for name, value in run_op(op_name, inputs, attributes, outputs=OUTPUTS[op_name],
+                                          threads=threads).items():
                     results[f"{case.id}/{fill}/{call}/{name}"] = value
     return results
 
@@ -62,7 +54,8 @@ def all_outputs(threads: int) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("call", list(CALLS))
 @pytest.mark.parametrize("case", BUSY, ids=lambda case: case.id)
 def test_same_bits_for_any_thread_count_and_run(case, call, fill):
-    op_name, arguments, outputs = CALLS[call]
+    op_name, arguments = CALLS[call]
+    outputs = OUTPUTS[op_name]
     inputs, attributes = arguments(case_data(case, fill))
     first = run_op(op_name, inputs, attributes, outputs=outputs, threads=1)
     for threads in (1, 2, 3):

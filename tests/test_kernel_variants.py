@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from cases import CASES
+from cases import CALLS, CASES
 from driver_cases import OUTPUTS, read_output, total_lens, write_case
 from driver_cases import expected as reference_outputs
 from tolerances import assert_close, assert_equal, assert_used_blocks_equal
@@ -40,16 +40,12 @@ def _command(machine):
     return command
 
 
-# Each call: (op, sparse). Dense causal attention takes its own path (prefill in query tiles).
-CALLS = {name: (name, True) for name in OUTPUTS} | {"SparseBlockAttention-dense": ("SparseBlockAttention", False)}
-
-
 @pytest.mark.parametrize("machine", list(MACHINES))
 @pytest.mark.parametrize("call", list(CALLS))
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
 def test_variants_match_scalar_and_reference(case, call, machine, tmp_path):
-    op_name, sparse = CALLS[call]
-    inputs, attributes, expected = reference_outputs(op_name, case, sparse=sparse)
+    op_name = CALLS[call][0]
+    inputs, attributes, expected = reference_outputs(call, case)
     total = total_lens(inputs, case)
     write_case(tmp_path, op_name, inputs, attributes, case, total)
     run = subprocess.run([*_command(machine), str(tmp_path)], capture_output=True, text=True, timeout=600)
