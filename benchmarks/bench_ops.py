@@ -86,7 +86,7 @@ class Feeds:
         return self.fn(copy)
 
 
-def bench_config(cfg: Config, P: int, K: int, threads: int, rng, include_gqa: bool, rows: list):
+def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list):
     H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
     meta = cfg.metadata(P, rng)
     M_eligible = cfg.past // P + 1
@@ -138,9 +138,7 @@ def bench_config(cfg: Config, P: int, K: int, threads: int, rng, include_gqa: bo
     run = _steps(layer, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
                                                         key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
                                                         past_lens=cfg.past_lens, block_max=meta[c][0], block_min=meta[c][1])))
-    step_ms = time_rotating(run, cfg.copies)
-    record("sparse_step", step_ms, 2 * N * M_eligible * D * cfg.dtype.itemsize + cfg.cache_bytes(K * P))
-    return step_ms
+    record("sparse_step", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * cfg.dtype.itemsize + cfg.cache_bytes(K * P))
 
 
 def bench_dense(cfg: Config, threads: int, include_gqa: bool, rows: list):
@@ -294,11 +292,11 @@ def main(argv=None):
                 cfg = Config(H, N, D, C, dtype, rng)
                 for P, K in BUDGETS:
                     print(f"H={H} N={N} D={D} C={C} {dtype} P={P} K={K}", flush=True)
-                    bench_config(cfg, P, K, 1, rng, True, rows)
+                    bench_config(cfg, P, K, 1, rng, rows)
                 if C in contexts:
                     # The headline budget again on two threads, next to GQA and dense on two threads.
                     print(f"H={H} N={N} D={D} C={C} {dtype} P=32 K=32, 2 threads", flush=True)
-                    bench_config(cfg, 32, 32, 2, rng, True, rows)
+                    bench_config(cfg, 32, 32, 2, rng, rows)
                     print(f"H={H} N={N} D={D} C={C} {dtype} dense", flush=True)
                     for threads in (1, 2):
                         bench_dense(cfg, threads, True, rows)

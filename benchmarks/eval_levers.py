@@ -1,6 +1,6 @@
 """`make eval-levers`: what a larger recent window or more dense layers buy SparseBlockSelect's
-bound policy in perplexity on SmolLM2-135M-Instruct, at the budgets of `make eval` (about 20
-minutes on one core). Prints a table and writes docs/quality_levers.json.
+bound policy in perplexity on SmolLM2-135M-Instruct, at the budgets of `make eval` (22 minutes
+with --threads 1). Prints a table and writes docs/quality_levers.json.
 
 Each lever is a variant of the `make eval` export (bound, mean reduction): `recent_blocks` covering
 256 tokens of the budget, or the first sparse layers selecting every block (dense-equivalent, as an
@@ -16,9 +16,8 @@ import json
 import pathlib
 import time
 
-from eval_quality import DOCS, LENGTHS, export_base, natural_text, perplexity, shared_weights, write_variant
+from eval_quality import CAPACITY, DOCS, export_base, natural_text, perplexity, shared_weights, write_variant
 
-LAYERS, DENSE_LAYERS = 30, 2  # SmolLM2-135M; the export keeps layers 0 and 1 dense
 BUDGETS = (256, 1024)
 BLOCK_SIZES = (16, 32)
 LEVERS = {  # name: (SparseBlockSelect attributes given P, extra sparse layers made dense)
@@ -38,17 +37,21 @@ def main(argv=None):
     from quest_ort.runtime.model import QuestModel
     from transformers import AutoTokenizer
 
+    from quest_ort.export.sidecar import Sidecar
+
     started = time.time()
-    capacity = max(LENGTHS) + 512
-    tokenizer = AutoTokenizer.from_pretrained(export_base(BLOCK_SIZES[0], capacity) / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(export_base(BLOCK_SIZES[0], CAPACITY) / "tokenizer")
     ids = tokenizer(natural_text(), add_special_tokens=False).input_ids[: args.ppl_tokens]
-    rows = []
+    if len(ids) < args.ppl_tokens:
+        raise ValueError(f"the natural text has only {len(ids)} tokens, fewer than {args.ppl_tokens}")
+    rows, dense = [], None
     for P in BLOCK_SIZES:
-        folder = export_base(P, capacity)
+        folder = export_base(P, CAPACITY)
+        sidecar = Sidecar.read(folder)
         weights = shared_weights(folder)
-        every_block = -(-capacity // P)
+        every_block = -(-sidecar.capacity // P)
         open_ = lambda file: QuestModel(folder, threads=args.threads, model_file=file, initializers=weights)  # noqa: E731
-        if not rows:
+        if dense is None:  # once: the same weights and text at every block size
             dense = perplexity(open_(write_variant(folder, "dense", top_k=every_block, importance_fraction=0.0)), ids)
             rows.append(dict(lever="dense", block_size=None, budget=None, reads=1.0, perplexity=round(dense, 4)))
             print(f"dense: perplexity {dense:.3f}", flush=True)
@@ -59,8 +62,9 @@ def main(argv=None):
                                      score="bound", group_reduce="mean", importance_fraction=0.0, **attributes(P))
                 value = perplexity(open_(file), ids)
                 (folder / file).unlink()
-                dense_layers = DENSE_LAYERS + extra_dense
-                reads = (dense_layers * len(ids) + (LAYERS - dense_layers) * budget) / (LAYERS * len(ids))
+                dense_layers = len(sidecar.dense_layers) + extra_dense
+                reads = (dense_layers * len(ids) + (sidecar.num_layers - dense_layers) * budget) / (
+                    sidecar.num_layers * len(ids))
                 rows.append(dict(lever=lever, block_size=P, budget=budget, reads=round(reads, 4),
                                  perplexity=round(value, 4), change=round(value / dense - 1, 4)))
                 print(f"P={P} budget={budget} {lever}: perplexity {value:.3f} ({value / dense - 1:+.1%}), "

@@ -3,13 +3,15 @@ selection policies, through the exported Quest model and the runtime. Writes doc
 docs/quality.md and docs/quality_*.png.
 
 Every policy runs the same export: variants of its graph change only SparseBlockSelect's
-attributes (top_k, group_reduce, score, importance_fraction) and share one copy of the weights.
+attributes (top_k, group_reduce, score, importance_fraction; `dense_selects` gives the first sparse
+layers every block) and share one copy of the weights; the analysis variants also attend densely
+and expose each layer's selection and attention mass.
 Every policy runs at P = 32; P = 16 runs the default policy (bound-mean), for the block-size
 comparison. Pass-key prompts are prefilled densely once, at P = 32 (the dense variant, whose top_k
 covers every block, also records the metadata and the prefill attention mass); the P = 16 state is
 the same KV cache with its block bounds recomputed (the recomputation is checked bit for bit
-against the bounds the op built at P = 32). Each variant then decodes the answer from a copy of
-that state. Perplexity is teacher-forced with every token attending
+against the bounds the op built at P = 32). Each variant then decodes the answer from that state,
+restored in place before each variant. Perplexity is teacher-forced with every token attending
 sparsely to its past.
 """
 
@@ -42,6 +44,7 @@ POLICIES = {
 }
 SMALL_BLOCK_POLICIES = ("bound-mean",)  # the policies also run at P = 16
 LENGTHS = (2048, 4096, 8192)
+CAPACITY = max(LENGTHS) + 512  # the exports' cache capacity: the longest prompt and its answer
 DEPTHS = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
@@ -302,7 +305,7 @@ def main(argv=None):
     def log(message):
         print(f"[{time.time() - started:7.0f}s] {message}", flush=True)
 
-    suite = Suite(capacity=max(LENGTHS) + 512, threads=args.threads)
+    suite = Suite(capacity=CAPACITY, threads=args.threads)
     log(f"{len(suite.models)} sparse variants ready")
     perplexities = run_perplexity(suite, args.ppl_tokens, log)
     pass_keys = run_pass_key(suite, args.keys, 12, log)

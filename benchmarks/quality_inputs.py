@@ -7,17 +7,20 @@ never one sentence repeated, and (unlike Python's documentation) free of talk ab
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import numpy as np
 
-INSTRUCTION = ("There is an important pass key hidden inside a lot of irrelevant text. Find it and "
-               "memorize it. I will quiz you about the pass key.")
+from quest_ort.runtime.demo import PASS_KEY as INSTRUCTION
+from quest_ort.runtime.demo import pass_key_sentence
+
 QUESTION = "What is the pass key? Answer with the number only."
 LICENSES = pathlib.Path("/usr/share/common-licenses")
 ORDER = ("GPL-3", "Apache-2.0", "LGPL-3", "MPL-2.0", "GPL-2", "Artistic", "LGPL-2.1", "GFDL-1.3", "CC0-1.0", "BSD")
 
 
+@functools.cache
 def natural_text() -> str:
     if not LICENSES.is_dir():
         raise FileNotFoundError(f"{LICENSES} is missing (Debian's base-files package installs it)")
@@ -26,16 +29,22 @@ def natural_text() -> str:
     return "\n\n".join((LICENSES / name).read_text(errors="replace").strip() for name in names)
 
 
+@functools.cache
+def _text_ids(tokenizer) -> list[int]:
+    """The whole natural text as `tokenizer`'s ids (tokenized once per tokenizer)."""
+    return tokenizer(natural_text(), add_special_tokens=False).input_ids
+
+
 def filler_ids(tokenizer, tokens: int, offset: int) -> list[int]:
     """`tokens` tokens of natural text, starting `offset` tokens into it."""
-    ids = tokenizer(natural_text(), add_special_tokens=False).input_ids
+    ids = _text_ids(tokenizer)
     start = offset % max(1, len(ids) - tokens)
     return ids[start : start + tokens]
 
 
 def pass_key_prompt(tokenizer, key: str, length: int, depth: float, seed: int) -> list[int]:
     """A chat prompt of about `length` tokens with the key sentence at `depth` (0..1) of the filler."""
-    needle = f" The pass key is {key}. Remember it. {key} is the pass key. "
+    needle = f" {pass_key_sentence(key)} "
     overhead = len(tokenizer.apply_chat_template(
         [{"role": "user", "content": f"{INSTRUCTION}\n\n{needle}\n\n{QUESTION}"}], add_generation_prompt=True))
     filler = filler_ids(tokenizer, max(16, length - overhead), offset=seed * 7919)

@@ -75,6 +75,13 @@ def default_demo(context: int, new_tokens: int, threads: int | None) -> None:
 
 PASS_KEY = ("There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
             "I will quiz you about the pass key.")
+
+
+def pass_key_sentence(key: str) -> str:
+    """The sentence that hides the pass key in a prompt."""
+    return f"The pass key is {key}. Remember it. {key} is the pass key."
+
+
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 
@@ -107,7 +114,7 @@ def smollm2_demo(context: int, threads: int | None) -> None:
 def pass_key_prompt(tokenizer, key: str, tokens: int) -> list[int]:
     """A chat prompt of about `tokens` tokens hiding `key` at half depth."""
     repeats = max(1, (tokens - 120) // len(tokenizer(FILLER).input_ids))
-    text = FILLER * (repeats // 2) + f"The pass key is {key}. Remember it. {key} is the pass key. " + FILLER * (repeats - repeats // 2)
+    text = FILLER * (repeats // 2) + pass_key_sentence(key) + " " + FILLER * (repeats - repeats // 2)
     messages = [{"role": "user", "content": f"{PASS_KEY}\n\n{text}\n\nWhat is the pass key?"}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
