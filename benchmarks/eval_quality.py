@@ -6,10 +6,11 @@ Every policy runs the same export: variants of its graph change only SparseBlock
 attributes (top_k, group_reduce, score, importance_fraction; `dense_selects` gives the first sparse
 layers every block) and share one copy of the weights; the analysis variants also attend densely
 and expose each layer's selection and attention mass.
-Every policy runs at P = 32; P = 16 runs the default policy (bound-mean), for the block-size
-comparison. Pass-key prompts are prefilled densely once, at P = 32 (the dense variant, whose top_k
-covers every block, also records the metadata and the prefill attention mass); the P = 16 state is
-the same KV cache with its block bounds recomputed (the recomputation is checked bit for bit
+Every policy runs at P = 32; P = 8 and 16 run the bound with a KV head's mean query and with each
+query head's own (bound-head), for the block-size comparison. Pass-key prompts are prefilled
+densely once, at P = 32 (the dense variant, whose top_k covers every block, also records the
+metadata and the prefill attention mass); the P = 8 and 16 states are the same KV cache with its
+block bounds recomputed (the recomputation is checked bit for bit
 against the bounds the op built at P = 32). Each variant then decodes the answer from that state,
 restored in place before each variant. Perplexity is teacher-forced with every token attending
 sparsely to its past.
@@ -34,15 +35,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODELS = ROOT / "build" / "models"
 DOCS = ROOT / "docs"
 BUDGETS = (64, 128, 256, 512, 1024)
-BLOCK_SIZES = (16, 32)
+BLOCK_SIZES = (8, 16, 32)
 POLICIES = {
     "bound-mean": dict(score="bound", group_reduce="mean", importance_fraction=0.0),
     "bound-max": dict(score="bound", group_reduce="max", importance_fraction=0.0),
+    "bound-head": dict(score="bound", group_reduce="none", importance_fraction=0.0),
     "bound-mean+importance": dict(score="bound", group_reduce="mean", importance_fraction=0.5),
     "bound-max+importance": dict(score="bound", group_reduce="max", importance_fraction=0.5),
     "probe": dict(score="probe", group_reduce="mean", importance_fraction=0.0),
 }
-SMALL_BLOCK_POLICIES = ("bound-mean",)  # the policies also run at P = 16
+SMALL_BLOCK_POLICIES = ("bound-mean", "bound-head")  # the policies also run at P = 8 and 16
 LENGTHS = (2048, 4096, 8192)
 CAPACITY = max(LENGTHS) + 512  # the exports' cache capacity: the longest prompt and its answer
 DEPTHS = (0.1, 0.25, 0.5, 0.75, 0.9)
@@ -117,7 +119,8 @@ def shared_weights(folder: pathlib.Path) -> dict:
 
 
 class Suite:
-    def __init__(self, capacity: int, threads: int | None):
+    def __init__(self, capacity: int, threads: int | None, configs: set[tuple[str, int]]):
+        """`configs`: the (policy, block size) pairs to run, at every budget."""
         from quest_ort.runtime.model import QuestModel
 
         self.models, self.analysis, self.dense = {}, {}, {}
@@ -128,7 +131,7 @@ class Suite:
             every_block = -(-capacity // P)  # a budget covering every block: exactly dense
             self.dense[P] = open_(write_variant(folder, "dense", top_k=every_block, importance_fraction=0.0))
             for policy, attributes in POLICIES.items():
-                if P != max(BLOCK_SIZES) and policy not in SMALL_BLOCK_POLICIES:
+                if (policy, P) not in configs:
                     continue
                 for budget in BUDGETS:
                     config = Config(policy, P, budget)
@@ -208,9 +211,11 @@ def recall(model, cache, token: int) -> float:
              if o.name != model.sidecar.outputs["logits"] and not o.name.startswith("present")]
     shares = []
     for selected_name, mass_name in zip(extra[0::2], extra[1::2]):
-        selected, mass = outputs[selected_name][0, :, 0], outputs[mass_name][0]  # [N, K], [N, M]
+        selected, mass = outputs[selected_name][0, :, 0], outputs[mass_name][0]  # [R, K], [N, M]
+        rows_per_head = selected.shape[0] // mass.shape[0]  # 1, or G when each query head selects
         for n in range(mass.shape[0]):
-            chosen = selected[n][selected[n] >= 0]
+            rows = selected[n * rows_per_head : (n + 1) * rows_per_head]
+            chosen = np.unique(rows[rows >= 0])  # per-head lists: the union the KV head's heads read
             shares.append(mass[n, chosen].sum() / mass[n].sum())
     return float(np.mean(shares)) if shares else float("nan")
 
@@ -293,19 +298,58 @@ def run_perplexity(suite: Suite, tokens: int, log) -> list[dict]:
     return rows
 
 
+def merged_report(path: pathlib.Path, report: dict, configs: set[tuple[str, int]]) -> dict:
+    """`report` (a run of some (policy, block size) pairs) merged into the earlier report at `path`:
+    the earlier rows of the other pairs are kept, with the earlier dense rows (which must agree with
+    this run's)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: a run of some policies merges into an earlier full run; run them all first")
+    earlier = json.loads(path.read_text())
+    for field in ("keys", "perplexity_tokens", "lengths", "depths"):
+        if earlier[field] != report[field]:
+            raise ValueError(f"{path}: {field} is {earlier[field]}, this run's is {report[field]}: cannot merge")
+    merged = dict(report, seconds=earlier["seconds"] + report["seconds"])
+    # The dense rows of both runs must tell the same story (ONNX Runtime's own kernels may round
+    # differently with another thread count: perplexity to 0.1%, the same keys found).
+    def dense_of(rows, field):
+        return {(r.get("length"), r.get("depth"), r.get("key")): r[field] for r in rows if r["policy"] == "dense"}
+
+    now, before = dense_of(report["perplexity"], "perplexity"), dense_of(earlier["perplexity"], "perplexity")
+    if now.keys() != before.keys() or any(abs(now[k] / before[k] - 1) > 1e-3 for k in now):
+        raise ValueError(f"{path}: dense perplexity {before} here, {now} in this run: not the same model")
+    if dense_of(report["pass_key"], "hit") != dense_of(earlier["pass_key"], "hit"):
+        raise ValueError(f"{path}: dense finds other pass keys than in this run: not the same model or prompts")
+    for table in ("perplexity", "pass_key"):
+        kept = [r for r in earlier[table] if (r["policy"], r["block_size"]) not in configs]
+        merged[table] = kept + [r for r in report[table] if r["policy"] != "dense"]
+    return merged
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keys", type=int, default=3, help="pass keys per (length, depth)")
     parser.add_argument("--ppl-tokens", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--output", type=pathlib.Path, default=DOCS)
+    parser.add_argument("--only", type=lambda text: tuple(text.split(",")), default=None,
+                        help="comma-separated policies (all their block sizes) or policy@P entries to run; their "
+                        "rows replace theirs in the existing quality.json, every other row is kept "
+                        f"(default: every policy: {', '.join(POLICIES)})")
     args = parser.parse_args(argv)
+    every = {(policy, P) for P in BLOCK_SIZES for policy in POLICIES
+             if P == max(BLOCK_SIZES) or policy in SMALL_BLOCK_POLICIES}
+    chosen = every
+    if args.only:
+        chosen = {(policy, P) for policy, P in every for entry in args.only if entry in (policy, f"{policy}@{P}")}
+        unknown = [entry for entry in args.only if not any(entry in (p, f"{p}@{P}") for p, P in every)]
+        if unknown:
+            parser.error(f"--only: {unknown} name no policy@P of {sorted(every)}")
     started = time.time()
 
     def log(message):
         print(f"[{time.time() - started:7.0f}s] {message}", flush=True)
 
-    suite = Suite(capacity=CAPACITY, threads=args.threads)
+    suite = Suite(capacity=CAPACITY, threads=args.threads, configs=chosen)
     log(f"{len(suite.models)} sparse variants ready")
     perplexities = run_perplexity(suite, args.ppl_tokens, log)
     pass_keys = run_pass_key(suite, args.keys, 12, log)
@@ -313,6 +357,8 @@ def main(argv=None):
                   block_sizes=BLOCK_SIZES, policies=POLICIES, lengths=LENGTHS, depths=DEPTHS, keys=args.keys,
                   perplexity_tokens=args.ppl_tokens, perplexity=perplexities, pass_key=pass_keys,
                   seconds=round(time.time() - started))
+    if chosen != every:
+        report = merged_report(args.output / "quality.json", report, chosen)
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "quality.json").write_text(json.dumps(report, indent=1) + "\n")
     from quality_report import write_report

@@ -58,8 +58,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sink", type=int, default=1, help="leading blocks always selected (default 1)")
     p.add_argument("--recent", type=int, default=1,
                    help="blocks ending at the query's own block always selected (default 1)")
-    p.add_argument("--group-reduce", choices=("mean", "max"), default="mean",
-                   help="score a KV head with its query heads' mean (default) or the max of their bounds")
+    p.add_argument("--group-reduce", choices=("mean", "max", "none"), default="mean",
+                   help="score a KV head with its query heads' mean (default) or the max of their bounds, or "
+                   "'none': every query head selects its own K blocks (Quest's per-head selection; reads up to "
+                   "G times the blocks)")
     p.add_argument("--importance-fraction", type=_fraction, default=0.0,
                    help="share of the free budget chosen by accumulated attention mass, recorded from the "
                    "prefill on (default 0: off)")

@@ -41,7 +41,7 @@ def render_op(op: OpSpec) -> str:
             allowed = ", ".join(x for x in (low, high) if x)
         lines.append(f"| `{a.name}` | {a.kind} | {default} | {allowed} | {a.doc} |")
     bound = ", ".join(f"{s} = `{a}`" for s, a in op.symbol_attrs.items())
-    derived = ", ".join(f"{d.name} = {d.a}*{d.b}" if d.op == "mul" else f"{d.name} = ceil({d.a}/{d.b})" for d in op.derived)
+    derived = ", ".join(d.describe() for d in op.derived)
     lines += ["", f"Dims bound by attributes: {bound}." + (f" Derived: {derived}." if derived else "")]
     return "\n".join(lines)
 

@@ -39,6 +39,10 @@ def _attribute_value(ctx, attr):
     return attr.default if proto is None else helper.get_attribute_value(proto)
 
 
+def _string(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _elem_name(elem: int) -> str:
     return onnx.helper.tensor_dtype_to_np_dtype(elem).name
 
@@ -109,10 +113,11 @@ def _infer(spec: OpSpec, ctx) -> None:
                 )
             if known is None or (isinstance(value, int) and not isinstance(known, int)):
                 dims[symbol] = value
+    attributes = {a.name: _string(_attribute_value(ctx, a)) for a in spec.attributes if a.kind == "string"}
     for derived in spec.derived:
-        a, b = dims.get(derived.a), dims.get(derived.b)
-        if isinstance(a, int) and isinstance(b, int) and b > 0:
-            dims[derived.name] = a * b if derived.op == "mul" else -(-a // b)
+        value = derived.value(dims, attributes)
+        if value is not None:
+            dims[derived.name] = value
     for index, tensor in enumerate(spec.outputs):
         if index >= ctx.get_num_outputs() or not ctx.has_output(index):
             continue

@@ -76,7 +76,10 @@ def _op_block(op) -> str:
     lines.append("inline constexpr SymbolAttr kSymbolAttrs[] = {")
     lines += [f"    {{{_c_str(s)}, {_c_str(a)}}}," for s, a in op.symbol_attrs.items()]
     lines.append("};")
-    derived = [f"    {{{_c_str(d.name)}, {'true' if d.op == 'mul' else 'false'}, {_c_str(d.a)}, {_c_str(d.b)}}}," for d in op.derived]
+    kinds = {"mul": "DerivedKind::Product", "ceil_div": "DerivedKind::CeilDiv", "pick": "DerivedKind::Pick"}
+    derived = [f"    {{{_c_str(d.name)}, {kinds[d.op]}, {_c_str(d.a)}, {_c_str(d.b)}, "
+               f"{_c_str(d.when[0]) if d.when else 'nullptr'}, {_c_str(d.when[1]) if d.when else 'nullptr'}}},"
+               for d in op.derived]
     if derived:
         lines.append("inline constexpr DerivedSpec kDerived[] = {")
         lines += derived

@@ -55,12 +55,28 @@ class Attribute:
 
 @dataclasses.dataclass(frozen=True)
 class Derived:
-    """A dim symbol computed from two others: `mul` (a*b) or `ceil_div` (ceil(a/b))."""
+    """A dim symbol computed from two others: `mul` (a*b), `ceil_div` (ceil(a/b)), or `pick`:
+    b when the string attribute when[0] equals when[1], else a."""
 
     name: str
-    op: Literal["mul", "ceil_div"]
+    op: Literal["mul", "ceil_div", "pick"]
     a: str
     b: str
+    when: tuple[str, str] | None = None  # (attribute, value), for `pick`
+
+    def value(self, dims: dict, attributes: dict):
+        """The symbol's value from known dims (and, for `pick`, the op's attributes); None if unknown."""
+        if self.op == "pick":
+            return dims.get(self.b if attributes.get(self.when[0]) == self.when[1] else self.a)
+        a, b = dims.get(self.a), dims.get(self.b)
+        if not (isinstance(a, int) and isinstance(b, int) and b > 0):
+            return None
+        return a * b if self.op == "mul" else -(-a // b)
+
+    def describe(self) -> str:
+        if self.op == "pick":
+            return f"{self.name} = {self.b} when {self.when[0]} is '{self.when[1]}', else {self.a}"
+        return f"{self.name} = {self.a}*{self.b}" if self.op == "mul" else f"{self.name} = ceil({self.a}/{self.b})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,9 +140,9 @@ QUEST_METADATA = OpSpec(
 SPARSE_BLOCK_SELECT = OpSpec(
     name="SparseBlockSelect",
     doc=(
-        "Pick, for every KV head and query position, the top_k blocks by the Quest upper bound "
-        "sum_d max(q_d*kmax_d, q_d*kmin_d), after the forced recent and sink blocks and the "
-        "importance reservation. Output ascending, padded with -1."
+        "Pick, for every KV head (or, with group_reduce='none', every query head) and query position, "
+        "the top_k blocks by the Quest upper bound sum_d max(q_d*kmax_d, q_d*kmin_d), after the forced "
+        "recent and sink blocks and the importance reservation. Output ascending, padded with -1."
     ),
     inputs=(
         Tensor("query", "T", ("B", "H", "S", "D"), "queries, after RoPE and q-norm"),
@@ -145,7 +161,8 @@ SPARSE_BLOCK_SELECT = OpSpec(
         Tensor("key", "T", ("B", "N", "S", "D"), "this call's new keys (score='probe')", optional=True),
     ),
     outputs=(
-        Tensor("block_indices", "int32", ("B", "N", "S", "K"), "selected blocks, ascending, -1 padded"),
+        Tensor("block_indices", "int32", ("B", "R", "S", "K"),
+               "selected blocks, ascending, -1 padded; R = H with group_reduce='none', else N"),
     ),
     attributes=(
         *_HEADS,
@@ -162,9 +179,10 @@ SPARSE_BLOCK_SELECT = OpSpec(
         Attribute(
             "group_reduce",
             "string",
-            "'mean': score once with the mean query of the G heads; 'max': max of each head's bound",
+            "'mean': score once with the mean query of the G heads; 'max': max of each head's bound; "
+            "'none': every query head selects its own blocks (its own bound, R = H rows of output)",
             default="mean",
-            choices=("mean", "max"),
+            choices=("mean", "max", "none"),
         ),
         Attribute(
             "importance_fraction",
@@ -185,6 +203,7 @@ SPARSE_BLOCK_SELECT = OpSpec(
         Attribute("num_probes", "int", "keys sampled per block by score='probe'", default=8, minimum=1),
     ),
     symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size", "K": "top_k"},
+    derived=(Derived("R", "pick", "N", "H", when=("group_reduce", "none")),),
 )
 
 SPARSE_BLOCK_ATTENTION = OpSpec(
@@ -204,8 +223,9 @@ SPARSE_BLOCK_ATTENTION = OpSpec(
         Tensor(
             "block_indices",
             "int32",
-            ("B", "N", "S", "K"),
-            "blocks each query may attend (SparseBlockSelect output); absent: dense causal",
+            ("B", "R", "S", "K"),
+            "blocks each query may attend (SparseBlockSelect output): R = N, shared by a KV head's G query "
+            "heads, or R = H, each query head its own; absent: dense causal",
             optional=True,
         ),
         _TOTAL_LENS,

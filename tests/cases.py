@@ -21,7 +21,7 @@ CACHED = ("0", "1", "P-1", "P", "P+1", "2P-1", "~1000")
 NEW_TOKENS = (1, 7, 64)
 TOP_K = ("1", "2", "8", "32", "more than eligible")
 FORCED = (0, 1, 2)
-REDUCES = ("mean", "max")
+REDUCES = ("mean", "max", "none")
 DTYPES = (("float32", "float32"), ("float16", "float16"), ("float32", "float16"), ("float16", "float32"))
 BATCHES = (1, 3)
 
@@ -112,7 +112,7 @@ class Case:
 
     def body_cost(self) -> float:
         H, N = self.heads
-        heads = H if self.reduce == "max" else N
+        heads = N if self.reduce == "mean" else H
         select = self.batch * heads * self.new_tokens * self.num_blocks() * self.head_dim
         if self.score == "probe":
             select *= self.num_probes

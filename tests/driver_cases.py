@@ -22,7 +22,9 @@ def write_case(directory: pathlib.Path, op_name, inputs, attributes, case, total
     """case.txt and <input>.bin; capacity and block count come from the arrays when present."""
     H, N = case.heads
     capacity = inputs["key_cache"].shape[2] if inputs.get("key_cache") is not None else case.capacity()
-    fields = dict(op=op_name, T=case.dtypes[0], TC=case.dtypes[1], B=case.batch, H=H, N=N, S=case.new_tokens,
+    indices = inputs.get("block_indices")
+    rows = indices.shape[1] if indices is not None else (H if case.reduce == "none" else N)  # R of block_indices
+    fields = dict(op=op_name, T=case.dtypes[0], TC=case.dtypes[1], B=case.batch, H=H, N=N, R=rows, S=case.new_tokens,
                   D=case.head_dim, M=case.num_blocks(), C=capacity, P=case.block_size,
                   K=0 if inputs.get("block_indices") is None and op_name == "SparseBlockAttention" else case.k(),
                   sink_blocks=case.sink, recent_blocks=case.recent, group_reduce=case.reduce,

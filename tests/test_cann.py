@@ -31,6 +31,8 @@ EMULATOR = pathlib.Path(os.environ.get("QUEST_ORT_CANN_EMULATOR", REPO / "build"
 # candidates in the GM workspace).
 NPUS = {"910B": (48, 192 * 1024), "40-cores": (40, 192 * 1024), "1-core-16KB": (1, 16 * 1024)}
 BOUND_CASES = [case for case in CASES if case.score == "bound"]
+# The selections the NPU kernel implements: the bound score, one selection per KV head.
+NPU_SELECT_CASES = [case for case in BOUND_CASES if case.reduce != "none"]
 
 
 def _npu_options(npu, overrides) -> dict:
@@ -72,7 +74,7 @@ def test_metadata_plan_matches_the_reference(case, npu, tmp_path):
 
 
 @pytest.mark.parametrize("npu", list(NPUS))
-@pytest.mark.parametrize("case", BOUND_CASES, ids=lambda case: case.id)
+@pytest.mark.parametrize("case", NPU_SELECT_CASES, ids=lambda case: case.id)
 def test_select_plan_matches_the_reference(case, npu, tmp_path):
     plan, _, expected = _emulated_plan(tmp_path, "SparseBlockSelect", case, npu)
     if npu == "1-core-16KB" and case.num_blocks() > 16:
@@ -80,7 +82,7 @@ def test_select_plan_matches_the_reference(case, npu, tmp_path):
     assert_equal(read_output(tmp_path, "cann", "block_indices", expected[0]), expected[0], f"{npu} block_indices")
 
 
-@pytest.mark.parametrize("case", [c for c in BOUND_CASES if c.ranks_blocks()][:6], ids=lambda case: case.id)
+@pytest.mark.parametrize("case", [c for c in NPU_SELECT_CASES if c.ranks_blocks()][:6], ids=lambda case: case.id)
 def test_candidates_kept_in_the_gm_workspace_select_the_same(case, tmp_path):
     plan, _, expected = _emulated_plan(tmp_path, "SparseBlockSelect", case, "910B", npu_cores=5,
                                        npu_candidate_ub_divisor=2**40)
@@ -96,7 +98,7 @@ def _paged(inputs, block_size):
     return {**inputs, **grown}
 
 
-FIA_CASES = [case for case in CASES if case.dtypes == ("float16", "float16")]
+FIA_CASES = [case for case in CASES if case.dtypes == ("float16", "float16") and case.reduce != "none"]
 
 
 @pytest.mark.parametrize("case", FIA_CASES, ids=lambda case: case.id)
@@ -133,11 +135,23 @@ def test_calls_the_npu_attention_refuses_say_why(what, change, words, tmp_path):
     assert run.returncode == 3 and words in run.stdout, run.stdout + run.stderr
 
 
-def test_probe_selection_has_no_npu_kernel_and_says_so(tmp_path):
-    case = next(case for case in CASES if case.score == "probe")
+@pytest.mark.parametrize("policy, words", [
+    (dict(score="probe"), "score='probe' has no NPU kernel"),
+    (dict(reduce="none", score="bound"), "group_reduce='none' has no NPU kernel"),
+])
+def test_selections_without_an_npu_kernel_say_so(policy, words, tmp_path):
+    case = next(case for case in CASES if all(getattr(case, k) == v for k, v in policy.items()))
     inputs, attributes, _ = reference_outputs("SparseBlockSelect", case)
     run = _emulate(tmp_path, "SparseBlockSelect", inputs, attributes, case, "910B")
-    assert run.returncode == 3 and "score='probe' has no NPU kernel" in run.stdout
+    assert run.returncode == 3 and words in run.stdout and "function-body export" in run.stdout
+
+
+def test_attention_with_a_block_list_per_query_head_has_no_npu_kernel_and_says_so(tmp_path):
+    case = next(case for case in CASES if case.reduce == "none" and case.dtypes == ("float16", "float16")
+                 and case.heads[0] != case.heads[1])
+    inputs, attributes, _ = reference_outputs("SparseBlockAttention", case, lambda x: _paged(x, case.block_size))
+    run = _emulate(tmp_path, "SparseBlockAttention", inputs, attributes, case, "910B")
+    assert run.returncode == 3 and "a row per query head" in run.stdout, run.stdout + run.stderr
 
 
 def test_the_cann_build_option_fails_clearly_without_a_toolkit(tmp_path):

@@ -74,14 +74,15 @@ def _with_select_outputs(path) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_small_budget_selects_what_the_reference_selects(family):
+@pytest.mark.parametrize("family, group_reduce", [(family, "mean") for family in FAMILIES] + [("qwen3", "none")])
+def test_small_budget_selects_what_the_reference_selects(family, group_reduce):
     from quest_ort.export.sidecar import Sidecar
     from quest_ort.runtime.binding import InPlaceStep
     from quest_ort.runtime.sessions import make_session
 
-    folder = quest_export(family, top_k=3, block_size=16, dense_layers=(0,))
+    folder = quest_export(family, top_k=3, block_size=16, dense_layers=(0,), group_reduce=group_reduce)
     sidecar = Sidecar.read(folder)
+    assert sidecar.group_reduce == group_reduce
     model = QuestModel(folder, threads=1)
     probe = make_session(_with_select_outputs(folder), threads=1)
     model._step = InPlaceStep(probe, model._step.aliases)  # same I/O, extra outputs
@@ -164,13 +165,16 @@ def test_wrong_family_is_refused_and_nothing_is_written(tmp_path):
     assert not any(p.name.startswith(".quest-export-") for p in tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("score, importance_fraction", [("probe", 0.0), ("bound", 0.5), ("probe", 0.5)])
-def test_probe_and_importance_exports_match_optimum_when_the_budget_covers(score, importance_fraction):
+@pytest.mark.parametrize("score, importance_fraction, group_reduce",
+                         [("probe", 0.0, "mean"), ("bound", 0.5, "mean"), ("probe", 0.5, "mean"), ("bound", 0.0, "none")])
+def test_policy_exports_match_optimum_when_the_budget_covers(score, importance_fraction, group_reduce):
     tiny = tiny_model("qwen3")
-    folder = quest_export("qwen3", top_k=64, score=score, importance_fraction=importance_fraction)
+    folder = quest_export("qwen3", top_k=64, score=score, importance_fraction=importance_fraction,
+                          group_reduce=group_reduce)
     model = QuestModel(folder, threads=1)
     assert (model.sidecar.score, model.sidecar.importance_fraction) == (score, importance_fraction)
-    _decode_against_optimum(model, tiny, _prompt(7), np.float32, f"{score}/importance {importance_fraction}")
+    _decode_against_optimum(model, tiny, _prompt(7), np.float32,
+                            f"{score}/importance {importance_fraction}/{group_reduce}")
 
 
 def test_importance_accumulates_the_attention_mass_of_every_query():

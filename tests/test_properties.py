@@ -70,7 +70,7 @@ def calls(draw):
         past_lens=past, total_lens=(past + valid).astype(np.int32) if explicit_total else None,
         block_importance=importance,
         select=dict(top_k=draw(st.integers(1, M + 3)), sink_blocks=draw(st.integers(0, 3)),
-                    recent_blocks=draw(st.integers(0, 3)), group_reduce=draw(st.sampled_from(("mean", "max"))),
+                    recent_blocks=draw(st.integers(0, 3)), group_reduce=draw(st.sampled_from(("mean", "max", "none"))),
                     importance_fraction=draw(st.sampled_from((0.0, 0.25, 0.5, 1.0))),
                     score=draw(st.sampled_from(("bound", "probe"))), num_probes=draw(st.integers(1, 9))),
     )

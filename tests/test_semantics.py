@@ -19,7 +19,7 @@ def _metadata(bounds):
 
 
 def _select(impl, bounds, *, top_k, sink=1, recent=1, past=31, new_tokens=1, total=None, importance=None,
-            fraction=0.0, query=None, heads=1, reduce="mean"):
+            fraction=0.0, query=None, heads=1, reduce="mean", row=0):
     block_max, block_min = _metadata(bounds)
     if query is None:
         query = np.ones((1, heads, new_tokens, D), np.float32)
@@ -29,7 +29,7 @@ def _select(impl, bounds, *, top_k, sink=1, recent=1, past=31, new_tokens=1, tot
                   block_importance=None if importance is None else np.asarray(importance, np.float32)[None, None])
     attributes = dict(num_heads=heads, kv_num_heads=1, block_size=P, top_k=top_k, sink_blocks=sink,
                       recent_blocks=recent, group_reduce=reduce, importance_fraction=fraction)
-    return run(impl, "SparseBlockSelect", inputs, attributes)["block_indices"][0, 0]
+    return run(impl, "SparseBlockSelect", inputs, attributes)["block_indices"][0, row]
 
 
 BOUNDS = [9, 5, 7, 7, 3, 7, 1, 0]
@@ -106,6 +106,16 @@ def test_group_reduce_mean_and_max(impl):
     assert _select(impl, BOUNDS, top_k=3, sink=0, recent=0, query=query, heads=2, reduce="max").tolist() == [[4, 6, 7]]
 
 
+@EACH_IMPLEMENTATION
+def test_group_reduce_none_selects_for_each_query_head(impl):
+    # The two heads of test_group_reduce_mean_and_max, each with its own row: head 0 takes the
+    # largest bounds (9 @ 0, then the 7s at 2 and 3), head 1 the smallest (its bounds are 1600 - b).
+    query = np.stack([np.ones((1, D)), -np.ones((1, D))])[None].astype(np.float32)
+    for head, want in ((0, [[0, 2, 3]]), (1, [[4, 6, 7]])):
+        got = _select(impl, BOUNDS, top_k=3, sink=0, recent=0, query=query, heads=2, reduce="none", row=head)
+        assert got.tolist() == want
+
+
 def _attention(impl, key_cache, value_cache, *, past, query, key, value, indices=None, total=None, softcap=0.0,
                block_size=P):
     inputs = dict(query=query, key=key, value=value, key_cache=key_cache, value_cache=value_cache,
@@ -158,6 +168,25 @@ def test_sparse_attention_reads_only_selected_blocks(impl):
     got = _attention(impl, keys, values, past=14, query=query, key=keys[:, :, 14:15], value=values[:, :, 14:15],
                      indices=indices)
     np.testing.assert_allclose(got["output"][0, 0, 1], _expected_mean_position([0, 1, 2, 3, 12, 13, 14]), rtol=1e-5)
+
+
+@EACH_IMPLEMENTATION
+def test_block_indices_per_query_head_give_each_head_its_blocks(impl):
+    # Two query heads on one KV head: head 0 attends blocks 0 and 3, head 1 block 1 alone; the
+    # block importance sums both heads' masses.
+    keys, values = _one_hot_caches()
+    query = np.zeros((1, 2, 1, D), np.float32)
+    query[..., 0] = 1.0
+    indices = np.array([[[[0, 3]], [[1, -1]]]], np.int32)  # [B, H, S, K]
+    got = _attention(impl, keys, values, past=14, query=query, key=keys[:, :, 14:15], value=values[:, :, 14:15],
+                     indices=indices)
+    head_0 = [0, 1, 2, 3, 12, 13, 14]
+    np.testing.assert_allclose(got["output"][0, 0, 1], _expected_mean_position(head_0), rtol=1e-5)
+    np.testing.assert_allclose(got["output"][0, 0, D + 1], _expected_mean_position([4, 5, 6, 7]), rtol=1e-5)
+    weights = np.exp(np.array(head_0) / 8)
+    np.testing.assert_allclose(got["block_importance"][0, 0],
+                               [weights[:4].sum() / weights.sum(), 1.0, 0.0, weights[4:].sum() / weights.sum()],
+                               rtol=1e-5)
 
 
 @EACH_IMPLEMENTATION

@@ -80,6 +80,17 @@ def lane_sum(op, terms, rank: int) -> ir.Value:
     return op.Squeeze(acc, ints(op, -1))
 
 
+def repeat_heads(op, x, repeats: int, rank: int) -> ir.Value:
+    """[B, N, ...] of the given rank -> [B, N*repeats, ...], each head `repeats` times in a row.
+
+    ```
+    x -Unsqueeze(2)-> [B, N, 1, ...] -Expand-> [B, N, repeats, ...] -Reshape-> [B, N*repeats, ...]
+    ```
+    """
+    expanded = op.Expand(op.Unsqueeze(x, ints(op, 2)), ints(op, 1, 1, repeats, *[1] * (rank - 2)))
+    return op.Reshape(expanded, op.Concat(op.Shape(x, end=1), ints(op, -1), op.Shape(x, start=2), axis=0))
+
+
 def write_tokens(op, cache, new_tokens, pos, valid) -> ir.Value:
     """cache [B,N,C,D] with new_tokens [B,N,S,D] (cast to the cache type) at rows pos [B,S].
 

@@ -4,7 +4,7 @@
 ```
 key/value -Cast(TC)-ScatterElements(axis=2) into [cache ; dummy row C]-Slice(:C)-> cache_out
 query -Cast(f32)-Reshape[B,N,G,S,D]-MatMul(K^T)*scale-(softcap)-Where(mask, ., -inf)-softmax
-   mask = causal (t <= p, valid query) AND block(t) in block_indices[b, n, s]
+   mask = causal (t <= p, valid query) AND block(t) in block_indices[b, n or h, s]
 probabilities -MatMul(V)-Transpose-Reshape[B,S,H*D]-Cast(T)-> output
 probabilities -ReduceSum(G, S)-Pad(M*P)-Reshape[B,N,M,P]-ReduceSum-> block_importance
 ```
@@ -64,12 +64,15 @@ def sparse_block_attention_body(
     mask = op.Unsqueeze(mask, ints(op, 1))  # [B, 1, S, C]
     num_blocks = op.Div(op.Add(C, ints(op, block_size - 1)), ints(op, block_size))
     block_ids = op.Range(const(op, 0, np.int64), op.Squeeze(num_blocks, ints(op, 0)), const(op, 1, np.int64))
+    mask = op.Unsqueeze(mask, ints(op, 2))  # [B, 1, 1, S, C]
     if block_indices is not None:
-        hits = op.Equal(op.Unsqueeze(op.Cast(block_indices, to=I64), ints(op, 4)), block_ids)  # [B,N,S,K,M]
-        chosen = op.Cast(op.ReduceMax(op.Cast(hits, to=ir.DataType.INT32), ints(op, 3), keepdims=0), to=ir.DataType.BOOL)
+        # Rows per KV head (R = N) or per query head (R = H): [B, N, R/N, S, K], broadcast over G.
+        rows = op.Reshape(op.Cast(block_indices, to=I64),
+                          op.Concat(dim(op, block_indices, 0), ints(op, kv_num_heads, -1), op.Shape(block_indices, start=2), axis=0))
+        hits = op.Equal(op.Unsqueeze(rows, ints(op, 5)), block_ids)  # [B, N, R/N, S, K, M]
+        chosen = op.Cast(op.ReduceMax(op.Cast(hits, to=ir.DataType.INT32), ints(op, 4), keepdims=0), to=ir.DataType.BOOL)
         row_block = op.Div(cache_rows, const(op, block_size, np.int64))
-        mask = op.And(mask, op.Gather(chosen, row_block, axis=3))  # [B, N, S, C]
-    mask = op.Unsqueeze(mask, ints(op, 2))  # [B, N or 1, 1, S, C]
+        mask = op.And(mask, op.Gather(chosen, row_block, axis=4))  # [B, N, 1 or G, S, C]
 
     neg_inf = const(op, -np.inf, np.float32)
     masked = op.Where(mask, logits, neg_inf)

@@ -1,6 +1,7 @@
 """Standard-op function body of SparseBlockSelect, bit-exact with the kernels.
 
 ```
+(none: block_max/min, importance, key_cache, key repeated per query head, then mean with N = H)
 query -Cast(f32)-Reshape[B,N,G,S,D] -(mean: CumSum over G, last, /G)-.
 block_max, block_min -Cast(f32)------------------------------------ Where(a>b,a,b) -lane_sum-> per-head
    bounds [B,N,G',S,M] -(max: Where(s_g>s, s_g, s) over g)-> scores [B,N,S,M]
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ._building import F32, F64, I64, const, dim, ints, lane_sum, positions, select_max, take, write_tokens
+from ._building import F32, F64, I64, const, dim, ints, lane_sum, positions, repeat_heads, select_max, take, write_tokens
 
 
 def _rank(op, values_f32, candidates, M):
@@ -132,6 +133,19 @@ def sparse_block_select_body(
     score: str = "bound",
     num_probes: int = 8,
 ):
+    if group_reduce == "none":
+        # Each query head alone is the shared policy over its KV head's inputs repeated per query head.
+        G = num_heads // kv_num_heads
+
+        def per_head(x, rank):
+            return None if x is None else repeat_heads(op, x, G, rank)
+
+        return sparse_block_select_body(
+            op, query, per_head(block_max, 4), per_head(block_min, 4), past_lens, total_lens,
+            per_head(block_importance, 3), per_head(key_cache, 4), per_head(key, 4), num_heads=num_heads,
+            kv_num_heads=num_heads, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
+            recent_blocks=recent_blocks, group_reduce="mean", importance_fraction=importance_fraction, score=score,
+            num_probes=num_probes)
     M = dim(op, block_max, 2)
     pos, valid = positions(op, past_lens, total_lens, dim(op, query, 2))
     current = op.Unsqueeze(op.Div(pos, const(op, block_size, np.int64)), ints(op, 1, 3))  # [B, 1, S, 1]

@@ -15,10 +15,14 @@ def attended_positions(row_indices, p, block_size):
     return np.concatenate(spans) if spans else np.zeros(0, dtype=np.int64)
 
 
-def check_block_indices(block_indices, num_blocks):
-    """Entries must be -1 or a block in [0, num_blocks), with no block twice in one row."""
+def check_block_indices(block_indices, num_blocks, num_heads, kv_num_heads):
+    """Rows per KV head (R = N) or per query head (R = H); entries -1 or a block in
+    [0, num_blocks), with no block twice in one row."""
     if block_indices is None:
         return
+    if block_indices.shape[1] not in (kv_num_heads, num_heads):
+        raise ValueError(f"block_indices dim 1 is {block_indices.shape[1]}: expected N = {kv_num_heads} "
+                         f"or H = {num_heads}")
     flat = np.asarray(block_indices).reshape(-1, block_indices.shape[-1])
     if ((flat < -1) | (flat >= num_blocks)).any():
         raise ValueError(f"block_indices must lie in [-1, {num_blocks})")
@@ -60,7 +64,8 @@ def sparse_block_attention(
     M = -(-C // P)
     assert H == num_heads and H % N == 0
     total = resolve_total_lens(past_lens, total_lens, S, C, "the cache capacity C")
-    check_block_indices(block_indices, M)
+    check_block_indices(block_indices, M, H, N)
+    per_head = block_indices is not None and block_indices.shape[1] == H
     kc, vc = key_cache.copy(), value_cache.copy()
     for b in range(B):
         for i, p in valid_positions(int(past_lens[b]), int(total[b])):
@@ -72,17 +77,18 @@ def sparse_block_attention(
     importance = np.zeros((B, N, M), dtype=np.float64)
     for b in range(B):
         for i, p in valid_positions(int(past_lens[b]), int(total[b])):
-            for n in range(N):
-                row = None if block_indices is None else block_indices[b, n, i]
+            # Query heads that share their blocks: a KV head's G heads, or each head alone (per_head).
+            for first in range(0, H, 1 if per_head else G):
+                heads, n = slice(first, first + (1 if per_head else G)), first // G
+                row = None if block_indices is None else block_indices[b, first if per_head else n, i]
                 pos = attended_positions(row, p, P)
                 if pos.size == 0:
                     continue
-                heads = slice(n * G, (n + 1) * G)
-                logits = q64[b, heads, i] @ k64[b, n, pos].T * scale  # [G, len(pos)]
+                logits = q64[b, heads, i] @ k64[b, n, pos].T * scale  # [heads, len(pos)]
                 if softcap > 0.0:
                     logits = softcap * np.tanh(logits / softcap)
                 weights = np.exp(logits - logits.max(axis=1, keepdims=True))
                 weights /= weights.sum(axis=1, keepdims=True)
-                out[b, i, n * G * D : (n + 1) * G * D] = (weights @ v64[b, n, pos]).reshape(-1)
+                out[b, i, heads.start * D : heads.stop * D] = (weights @ v64[b, n, pos]).reshape(-1)
                 np.add.at(importance[b, n], pos // P, weights.sum(axis=0))
     return out.astype(query.dtype), kc, vc, importance.astype(np.float32)

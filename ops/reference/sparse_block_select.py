@@ -129,10 +129,21 @@ def sparse_block_select(
     score="bound",
     num_probes=8,
 ):
-    """Return block_indices [B, N, S, top_k] int32: chosen blocks ascending, -1 padded."""
+    """Return block_indices [B, R, S, top_k] int32: chosen blocks ascending, -1 padded; R = N, or H
+    with group_reduce="none"."""
     B, H, S, _ = query.shape
     N, M = kv_num_heads, block_max.shape[2]
     assert H == num_heads and H % N == 0
+    if group_reduce == "none":
+        # Each query head alone is the shared policy over its KV head's inputs, one KV head per query head.
+        def per_head(x):
+            return None if x is None else np.repeat(x, H // N, axis=1)
+
+        return sparse_block_select(
+            query, per_head(block_max), per_head(block_min), past_lens, total_lens, per_head(block_importance),
+            num_heads=H, kv_num_heads=H, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
+            recent_blocks=recent_blocks, group_reduce="mean", importance_fraction=importance_fraction,
+            key_cache=per_head(key_cache), key=per_head(key), score=score, num_probes=num_probes)
     total = resolve_total_lens(past_lens, total_lens, S, M * block_size, "M * block_size")
     if score == "probe":
         if key_cache is None or key is None:

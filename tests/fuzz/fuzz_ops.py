@@ -128,6 +128,8 @@ def test_one_input(data: bytes) -> None:
             attributes[attribute.name] = value
     dims = {symbol: attributes[name] for symbol, name in spec.symbol_attrs.items()
             if isinstance(attributes.get(name), int) and 0 <= attributes[name] <= 40}
+    if "H" in dims and "N" in dims and fdp.ConsumeProbability() < 0.9:  # block_indices rows: per KV or query head
+        dims["R"] = dims["H"] if fdp.ConsumeBool() else dims["N"]
     inputs, type_vars = {}, {}
     for tensor in spec.inputs:
         if tensor.optional and fdp.ConsumeBool():

@@ -14,7 +14,8 @@ struct SparseBlockAttentionParams {
   float scale = 0.0f, softcap = 0.0f;                    // scale already resolved (never 0)
   const int32_t* past_lens = nullptr;      // [B]
   const int32_t* total_lens = nullptr;     // [B], resolved (never null), validated by the adapter
-  const int32_t* block_indices = nullptr;  // [B, N, S, K] validated, or null for dense causal
+  const int32_t* block_indices = nullptr;  // [B, R, S, K] validated, or null for dense causal
+  bool per_head_indices = false;           // R = H (each query head its own blocks), else R = N
   DType activation_type = DType::F32, cache_type = DType::F32;
   const void* query = nullptr;  // [B, H, S, D] activation_type
   const void* key = nullptr;    // [B, N, S, D] activation_type (new tokens)
@@ -30,6 +31,11 @@ struct SparseBlockAttentionParams {
 // contract lets reach 2^31 - 1).
 inline int64_t rows_per_block(const SparseBlockAttentionParams& params) {
   return params.block_size < params.capacity ? params.block_size : params.capacity;
+}
+
+// Query heads of a KV head that attend one list of blocks together: the G heads, or each alone.
+inline int64_t heads_per_block_list(const SparseBlockAttentionParams& params) {
+  return params.per_head_indices ? 1 : params.num_heads / params.kv_heads;
 }
 
 // Writes the valid new keys/values of work items [begin, end), one per (b, n), into the caches.

@@ -7,7 +7,8 @@
 
 namespace quest {
 
-enum class GroupReduce { Mean, Max };
+// Mean/Max: one selection per KV head for its G query heads; None: one per query head (its own bound).
+enum class GroupReduce { Mean, Max, None };
 enum class ScoreMode { Bound, Probe };
 
 struct SparseBlockSelectParams {
@@ -27,8 +28,13 @@ struct SparseBlockSelectParams {
   const void* block_min = nullptr;  // [B, N, M, D] cache_type
   const void* key_cache = nullptr;  // [B, N, C, D] cache_type: the cache before this call (probe only)
   const void* key = nullptr;        // [B, N, S, D] query_type: this call's new keys (probe only)
-  int32_t* block_indices = nullptr;  // [B, N, S, K] output
+  int32_t* block_indices = nullptr;  // [B, R, S, K] output: R = N, or H with GroupReduce::None
 };
+
+// Selections per (b, n) work item: G with GroupReduce::None (one per query head), else 1.
+inline int64_t selections_per_item(const SparseBlockSelectParams& prm) {
+  return prm.reduce == GroupReduce::None ? prm.num_heads / prm.kv_heads : 1;
+}
 
 // Positions of `block` a query at `p` attends: min(P, p + 1 - block * P).
 inline int64_t probe_span(int64_t block, int64_t p, int64_t P) {

@@ -218,7 +218,11 @@ BoundInputs::BoundInputs(const schema::OpSchema& op, OrtKernelContext* context, 
   for (int k = 0; k < op.num_derived; ++k) {
     const schema::DerivedSpec& derived = op.derived[k];
     const int64_t a = dims_.at(derived.a), b = dims_.at(derived.b);
-    dims_[derived.name] = derived.is_product ? a * b : (a + b - 1) / b;
+    switch (derived.kind) {
+      case schema::DerivedKind::Product: dims_[derived.name] = a * b; break;
+      case schema::DerivedKind::CeilDiv: dims_[derived.name] = (a + b - 1) / b; break;
+      case schema::DerivedKind::Pick: dims_[derived.name] = attributes.get_string(derived.when) == derived.value ? b : a; break;
+    }
   }
 }
 

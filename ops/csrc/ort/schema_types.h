@@ -36,11 +36,16 @@ struct SymbolAttr {
   const char* attribute;
 };
 
+// Product: a * b; CeilDiv: ceil(a / b); Pick: b when string attribute `when` equals `value`, else a.
+enum class DerivedKind { Product, CeilDiv, Pick };
+
 struct DerivedSpec {
   const char* name;
-  bool is_product;  // a * b; otherwise ceil(a / b)
+  DerivedKind kind;
   const char* a;
   const char* b;
+  const char* when;   // Pick only
+  const char* value;  // Pick only
 };
 
 struct OpSchema {

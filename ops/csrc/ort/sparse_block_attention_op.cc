@@ -13,11 +13,16 @@ namespace io = schema::SparseBlockAttention;
 
 namespace {
 
-// Every entry -1 or a block in [0, num_blocks); no block twice in one row.
+// Rows per KV head (R = N) or per query head (R = H); every entry -1 or a block in
+// [0, num_blocks); no block twice in one row.
 void check_block_indices(const BoundInputs& in, int64_t num_blocks) {
   const TensorArg& indices = in[io::in::block_indices];
   if (!indices.present()) return;
-  const int64_t K = in.dim("K"), rows = in.dim("B") * in.dim("N") * in.dim("S");
+  const int64_t R = in.dim("R"), N = in.dim("N"), H = in.dim("H");
+  if (R != N && R != H)
+    in.fail("input 'block_indices' dim 1 is " + std::to_string(R) + ": expected N = " + std::to_string(N) +
+            " (blocks per KV head) or H = " + std::to_string(H) + " (blocks per query head)");
+  const int64_t K = in.dim("K"), rows = in.dim("B") * R * in.dim("S");
   const int32_t* data = indices.as<int32_t>();
   std::vector<uint8_t> seen(static_cast<size_t>(num_blocks), 0);
   for (int64_t r = 0; r < rows; ++r) {
@@ -84,6 +89,7 @@ void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
   params.past_lens = in[io::in::past_lens].as<int32_t>();
   params.total_lens = total.data();
   params.block_indices = in[io::in::block_indices].as<int32_t>();
+  params.per_head_indices = params.block_indices != nullptr && in.dim("R") != N;
   params.top_k = in[io::in::block_indices].present() ? in.dim("K") : 0;
   params.activation_type = in.activation_type();
   params.cache_type = in.cache_type();

@@ -38,7 +38,8 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
   params.top_k = in.dim("K");
   params.sink_blocks = attributes_.get_int("sink_blocks");
   params.recent_blocks = attributes_.get_int("recent_blocks");
-  params.reduce = attributes_.get_string("group_reduce") == "max" ? GroupReduce::Max : GroupReduce::Mean;
+  const std::string& reduce = attributes_.get_string("group_reduce");
+  params.reduce = reduce == "max" ? GroupReduce::Max : reduce == "none" ? GroupReduce::None : GroupReduce::Mean;
   params.importance_fraction = attributes_.get_float("importance_fraction");
   params.score = probe ? ScoreMode::Probe : ScoreMode::Bound;
   params.num_probes = attributes_.get_int("num_probes");

@@ -44,7 +44,7 @@ void run_select(const Case& c, const std::string& variant, Run&& run) {
   auto past = c.read("past_lens", 4 * B), total = c.read("total_lens", 4 * B);
   std::vector<char> importance;
   if (c.integer("with_importance")) importance = c.read("block_importance", 4 * B * N * M);
-  std::vector<int32_t> indices(B * N * S * K);
+  std::vector<int32_t> indices(B * c.integer("R") * S * K);
   const bool probe = c.text("score") == "probe";
   std::vector<char> key_cache, key;
   if (probe) {
@@ -55,7 +55,8 @@ void run_select(const Case& c, const std::string& variant, Run&& run) {
   p.batch = B, p.num_heads = H, p.kv_heads = N, p.query_len = S, p.head_dim = D, p.num_blocks = M;
   p.block_size = c.integer("P"), p.top_k = K, p.sink_blocks = c.integer("sink_blocks");
   p.recent_blocks = c.integer("recent_blocks");
-  p.reduce = c.text("group_reduce") == "max" ? GroupReduce::Max : GroupReduce::Mean;
+  const std::string reduce = c.text("group_reduce");
+  p.reduce = reduce == "max" ? GroupReduce::Max : reduce == "none" ? GroupReduce::None : GroupReduce::Mean;
   p.importance_fraction = c.real("importance_fraction");
   p.score = probe ? ScoreMode::Probe : ScoreMode::Bound;
   p.num_probes = c.integer("num_probes");
@@ -83,7 +84,8 @@ void run_attention(const Case& c, const std::string& variant, Run&& run) {
   auto value_cache = c.read("value_cache", bytes_of(TC, B * N * C * D));
   auto past = c.read("past_lens", 4 * B), total = c.read("total_lens", 4 * B);
   std::vector<char> indices;
-  if (K > 0) indices = c.read("block_indices", 4 * B * N * S * K);
+  const int64_t R = c.integer("R");  // rows of block_indices: N, or H when per query head
+  if (K > 0) indices = c.read("block_indices", 4 * B * R * S * K);
   const int64_t num_blocks = (C + P - 1) / P;
   std::vector<char> output(bytes_of(T, B * S * H * D));
   std::vector<float> importance(B * N * num_blocks);
@@ -93,6 +95,7 @@ void run_attention(const Case& c, const std::string& variant, Run&& run) {
   p.past_lens = reinterpret_cast<const int32_t*>(past.data());
   p.total_lens = reinterpret_cast<const int32_t*>(total.data());
   p.block_indices = indices.empty() ? nullptr : reinterpret_cast<const int32_t*>(indices.data());
+  p.per_head_indices = !indices.empty() && R != N;
   p.activation_type = T, p.cache_type = TC, p.query = query.data(), p.key = key.data(), p.value = value.data();
   p.key_cache = key_cache.data(), p.value_cache = value_cache.data(), p.output = output.data();
   p.block_importance = importance.data();

@@ -54,9 +54,8 @@ int main(int argc, char** argv) {
       std::printf(" rows_per_chunk %lld ub_used %lld\n", static_cast<long long>(planned.plan.rows_per_chunk),
                   static_cast<long long>(planned.plan.ub_used));
     } else if (op == "SparseBlockSelect") {
-      if (c.text("score") != "bound")
-        return unsupported("SparseBlockSelect on CANN: score='" + c.text("score") +
-                           "' has no NPU kernel (only 'bound'); run the function-body graph");
+      const std::string why = cann::check_select_support(c.text("score"), c.text("group_reduce"));
+      if (!why.empty()) return unsupported(why);
       cann::SelectShape shape{c.integer("B"), c.integer("H"), c.integer("N"), c.integer("S"), c.integer("D"),
                               c.integer("M"), c.integer("P"), c.integer("K"), c.integer("sink_blocks"),
                               c.integer("recent_blocks"), c.text("group_reduce") == "max",
@@ -72,7 +71,8 @@ int main(int argc, char** argv) {
     } else if (op == "SparseBlockAttention") {
       cann::AttentionShape shape{c.integer("B"), c.integer("H"), c.integer("N"), c.integer("S"), c.integer("D"),
                                  c.integer("C"), c.integer("P"), c.integer("K"), elem(c.dtype("T")),
-                                 elem(c.dtype("TC")), c.real("softcap"), c.has("wants_importance") && c.integer("wants_importance")};
+                                 elem(c.dtype("TC")), c.real("softcap"), c.has("wants_importance") && c.integer("wants_importance"),
+                                 c.integer("K") > 0 && c.integer("R") != c.integer("N")};
       const std::string why = cann::check_attention_support(shape);
       if (!why.empty()) return unsupported(why);
       quest::tools::run_attention(c, "cann", [&](auto& p) { cann::emulate_attention(shape, p); });

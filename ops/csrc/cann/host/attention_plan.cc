@@ -26,6 +26,8 @@ std::string check_attention_support(const AttentionShape& s) {
     why << op << ": softcap is not supported by aclnnFusedInferAttentionScore";
   else if (s.wants_importance)
     why << op << ": the block_importance output is not produced on the NPU";
+  else if (s.per_head_indices)
+    why << op << ": block_indices has a row per query head (R = H); FIA's block table has one per KV head (R = N)";
   return why.str();
 }
 

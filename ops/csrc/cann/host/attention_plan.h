@@ -24,6 +24,7 @@ struct AttentionShape {
   ElemType activation_type, cache_type;
   float softcap;
   bool wants_importance;
+  bool per_head_indices;  // block_indices with a row per query head (R = H != N)
 };
 
 // Limits of FIA's paged decode path (CANN 8.x, Atlas A2): block size a multiple of 16 up to 512,

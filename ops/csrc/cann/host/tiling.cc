@@ -76,6 +76,14 @@ Planned<MetadataPlan> plan_metadata(const MetadataShape& shape, const NpuSpec& n
   return result;
 }
 
+std::string check_select_support(const std::string& score, const std::string& group_reduce) {
+  const std::string fallback = "; run this model's function-body export";
+  if (score != "bound") return "SparseBlockSelect on CANN: score='" + score + "' has no NPU kernel (only 'bound')" + fallback;
+  if (group_reduce == "none")
+    return "SparseBlockSelect on CANN: group_reduce='none' has no NPU kernel (only 'mean' and 'max')" + fallback;
+  return "";
+}
+
 Planned<SelectPlan> plan_select(const SelectShape& shape, const NpuSpec& npu) {
   Planned<SelectPlan> result;
   SelectPlan& plan = result.plan;

@@ -27,6 +27,9 @@ struct Planned {
 };
 
 Planned<MetadataPlan> plan_metadata(const MetadataShape& shape, const NpuSpec& npu);
+// "" when the NPU select kernel implements these attributes, else why not (it scores the bound
+// with one selection per KV head: not score='probe', not group_reduce='none').
+std::string check_select_support(const std::string& score, const std::string& group_reduce);
 Planned<SelectPlan> plan_select(const SelectShape& shape, const NpuSpec& npu);
 
 // Every slice of a plan, named, for the checks (aligned, disjoint, inside the UB).

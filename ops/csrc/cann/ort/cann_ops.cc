@@ -137,9 +137,9 @@ class CannMetadataKernel : public KernelBase<CannMetadataKernel> {
 class CannSelectKernel : public KernelBase<CannSelectKernel> {
  public:
   explicit CannSelectKernel(const OrtKernelInfo* info) : attributes_(schema(), info) {
-    if (attributes_.get_string("score") != "bound")
-      throw OpError(schema(), "score='" + attributes_.get_string("score") +
-                                  "' has no NPU kernel (only 'bound'); run this model's function-body export");
+    const std::string unsupported =
+        cann::check_select_support(attributes_.get_string("score"), attributes_.get_string("group_reduce"));
+    if (!unsupported.empty()) throw OpError(schema(), unsupported);
     check_head_grouping(schema(), attributes_);
   }
   static const schema::OpSchema& schema() { return schema::SparseBlockSelect::kSchema; }
@@ -201,7 +201,8 @@ class CannAttentionKernel : public KernelBase<CannAttentionKernel> {
     Ort::KernelContext ctx(context);
     const cann::AttentionShape shape{B, H, N, S, D, C, P, indices.present() ? indices.shape[3] : 0,
                                      elem(in.activation_type()), elem(in.cache_type()),
-                                     attributes_.get_float("softcap"), ctx.GetOutputCount() > io::out::block_importance};
+                                     attributes_.get_float("softcap"), ctx.GetOutputCount() > io::out::block_importance,
+                                     indices.present() && in.dim("R") != N};
     const std::string unsupported = cann::check_attention_support(shape);
     if (!unsupported.empty()) in.fail(unsupported);
     aclrtStream stream = stream_of(context);

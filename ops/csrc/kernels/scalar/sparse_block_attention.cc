@@ -48,7 +48,7 @@ struct BlockMass {
 template <typename T, typename TC>
 void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, P = prm.block_size;
-  const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k;
+  const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k, width = heads_per_block_list(prm);
   std::vector<float> queries(G * D), accumulators(G * D), logits(rows_per_block(prm));
   std::vector<HeadState> heads(G);
   std::vector<int32_t> blocks;
@@ -67,60 +67,63 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
         std::fill(out, out + G * D, from_float<T>(0.0f));
         continue;
       }
-      blocks.clear();
-      if (prm.block_indices) {
-        const int32_t* row = prm.block_indices + (item * S + i) * K;
-        for (int64_t j = 0; j < K; ++j)
-          if (row[j] >= 0) blocks.push_back(row[j]);
-      } else {
-        for (int32_t m = 0; m <= p / P; ++m) blocks.push_back(m);
-      }
       const T* query = static_cast<const T*>(prm.query) + ((b * H + n * G) * S + i) * D;
       for (int64_t g = 0; g < G; ++g) {
         for (int64_t d = 0; d < D; ++d) queries[g * D + d] = to_float(query[(g * S) * D + d]);
         heads[g] = HeadState{-std::numeric_limits<float>::infinity(), 0.0f, accumulators.data() + g * D};
         std::fill(heads[g].accumulator, heads[g].accumulator + D, 0.0f);
       }
-      masses.clear();
-      for (const int32_t block : blocks) {
-        const int64_t first = block * P, last = std::min<int64_t>(first + P, p + 1);  // [first, last)
-        if (first >= last) continue;  // a block entirely after the query attends nothing
-        for (int64_t g = 0; g < G; ++g) {
-          HeadState& h = heads[g];
-          LaneMax block_max;
-          for (int64_t t = first; t < last; ++t) {
-            float logit = canonical_dot(queries.data() + g * D, key_cache + t * D, D) * prm.scale;
-            if (prm.softcap > 0.0f) logit = prm.softcap * canonical_tanh(logit / prm.softcap);
-            logits[t - first] = logit;
-            block_max.add(t - first, logit);
+      // Each list of blocks is attended by `width` heads from g0: all G, or one head per list.
+      for (int64_t g0 = 0; g0 < G; g0 += width) {
+        blocks.clear();
+        if (prm.block_indices) {
+          const int32_t* row = prm.block_indices + ((item * (G / width) + g0 / width) * S + i) * K;
+          for (int64_t j = 0; j < K; ++j)
+            if (row[j] >= 0) blocks.push_back(row[j]);
+        } else {
+          for (int32_t m = 0; m <= p / P; ++m) blocks.push_back(m);
+        }
+        masses.clear();
+        for (const int32_t block : blocks) {
+          const int64_t first = block * P, last = std::min<int64_t>(first + P, p + 1);  // [first, last)
+          if (first >= last) continue;  // a block entirely after the query attends nothing
+          for (int64_t g = g0; g < g0 + width; ++g) {
+            HeadState& h = heads[g];
+            LaneMax block_max;
+            for (int64_t t = first; t < last; ++t) {
+              float logit = canonical_dot(queries.data() + g * D, key_cache + t * D, D) * prm.scale;
+              if (prm.softcap > 0.0f) logit = prm.softcap * canonical_tanh(logit / prm.softcap);
+              logits[t - first] = logit;
+              block_max.add(t - first, logit);
+            }
+            const float new_max = max_select(block_max.fold(), h.max_logit);
+            const float rescale = canonical_exp(h.max_logit - new_max);
+            h.denominator = h.denominator * rescale;
+            for (int64_t d = 0; d < D; ++d) h.accumulator[d] = h.accumulator[d] * rescale;
+            LaneSum weights;
+            for (int64_t t = first; t < last; ++t) {
+              const float w = canonical_exp(logits[t - first] - new_max);
+              weights.add(t - first, w);
+              const TC* v = value_cache + t * D;
+              for (int64_t d = 0; d < D; ++d) h.accumulator[d] = h.accumulator[d] + w * to_float(v[d]);
+            }
+            const float weight_sum = weights.fold();
+            h.denominator = h.denominator + weight_sum;
+            h.max_logit = new_max;
+            if (importance) masses.push_back(BlockMass{block, new_max, weight_sum});
           }
-          const float new_max = max_select(block_max.fold(), h.max_logit);
-          const float rescale = canonical_exp(h.max_logit - new_max);
-          h.denominator = h.denominator * rescale;
-          for (int64_t d = 0; d < D; ++d) h.accumulator[d] = h.accumulator[d] * rescale;
-          LaneSum weights;
-          for (int64_t t = first; t < last; ++t) {
-            const float w = canonical_exp(logits[t - first] - new_max);
-            weights.add(t - first, w);
-            const TC* v = value_cache + t * D;
-            for (int64_t d = 0; d < D; ++d) h.accumulator[d] = h.accumulator[d] + w * to_float(v[d]);
-          }
-          const float weight_sum = weights.fold();
-          h.denominator = h.denominator + weight_sum;
-          h.max_logit = new_max;
-          if (importance) masses.push_back(BlockMass{block, new_max, weight_sum});
+        }
+        // masses are stored block-major, head-minor: entry j belongs to head g0 + j % width.
+        for (size_t j = 0; j < masses.size(); ++j) {
+          const HeadState& h = heads[g0 + static_cast<int64_t>(j) % width];
+          const BlockMass& mass = masses[j];
+          importance[mass.block] += mass.weight_sum * canonical_exp(mass.max_logit - h.max_logit) / h.denominator;
         }
       }
       for (int64_t g = 0; g < G; ++g) {
         const HeadState& h = heads[g];
         for (int64_t d = 0; d < D; ++d)
           out[g * D + d] = from_float<T>(h.denominator > 0.0f ? h.accumulator[d] / h.denominator : 0.0f);
-      }
-      // masses are stored block-major, head-minor: entry j belongs to head j % G.
-      for (size_t j = 0; j < masses.size(); ++j) {
-        const HeadState& h = heads[j % G];
-        const BlockMass& mass = masses[j];
-        importance[mass.block] += mass.weight_sum * canonical_exp(mass.max_logit - h.max_logit) / h.denominator;
       }
     }
   }

@@ -16,12 +16,19 @@ float bound(const float* q, const TC* kmax, const TC* kmin, int64_t D) {
   return sum.fold();
 }
 
-// Loads the G query heads of (b, n, i) as float; with mean reduction folds them into one head.
+// Loads the G query heads of (b, n, i) as float; with mean reduction folds them into one head;
+// with no reduction loads head `own` of the group alone.
 template <typename T>
-int64_t load_queries(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t i, std::vector<float>& out) {
+int64_t load_queries(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t i, int64_t own,
+                     std::vector<float>& out) {
   const int64_t G = prm.num_heads / prm.kv_heads, D = prm.head_dim, S = prm.query_len;
   const T* query = static_cast<const T*>(prm.query);
   out.resize(G * D);
+  if (prm.reduce == GroupReduce::None) {
+    const T* q = query + (((b * prm.num_heads) + n * G + own) * S + i) * D;
+    for (int64_t d = 0; d < D; ++d) out[d] = to_float(q[d]);
+    return 1;
+  }
   for (int64_t g = 0; g < G; ++g) {
     const T* q = query + (((b * prm.num_heads) + n * G + g) * S + i) * D;
     for (int64_t d = 0; d < D; ++d) out[g * D + d] = to_float(q[d]);
@@ -64,6 +71,7 @@ void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, i
 template <typename T, typename TC>
 void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, K = prm.top_k, P = prm.block_size, M = prm.num_blocks, D = prm.head_dim;
+  const int64_t selections = selections_per_item(prm);
   SelectScratch s;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads;
@@ -71,15 +79,16 @@ void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
     const float* importance = prm.block_importance ? prm.block_importance + item * M : nullptr;
     const TC* kmax = static_cast<const TC*>(prm.block_max) + item * M * D;
     const TC* kmin = static_cast<const TC*>(prm.block_min) + item * M * D;
+    for (int64_t own = 0; own < selections; ++own)
     for (int64_t i = 0; i < S; ++i) {
-      int32_t* row = prm.block_indices + (item * S + i) * K;
+      int32_t* row = prm.block_indices + ((item * selections + own) * S + i) * K;
       const int64_t p = past + i;
       if (p >= total) {
         std::fill(row, row + K, -1);
         continue;
       }
       select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float* scores) {
-        const int64_t heads = load_queries<T>(prm, b, n, i, s.query);
+        const int64_t heads = load_queries<T>(prm, b, n, i, own, s.query);
         if (prm.score == ScoreMode::Probe) return probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query, s.key, scores);
         for (int64_t m = 0; m < eligible; ++m) {
           float score = bound(s.query.data(), kmax + m * D, kmin + m * D, D);

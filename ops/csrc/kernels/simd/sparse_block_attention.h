@@ -192,6 +192,11 @@ struct QueryState {
   float* max_logit;     // [G]
   float* denominator;   // [G]
   std::vector<BlockMass>* masses;
+
+  // The state of the heads from g on (they share the mass list).
+  QueryState heads(int64_t g, int64_t Dp) const {
+    return {queries + g * Dp, accumulators + g * Dp, max_logit + g, denominator + g, masses};
+  }
 };
 
 struct AttentionScratch {
@@ -289,6 +294,7 @@ template <typename T, typename TC>
 void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, P = prm.block_size;
   const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k, Dp = padded(D);
+  const int64_t width = heads_per_block_list(prm);
   const int64_t Pp = padded(rows_per_block(prm));
   // Dense causal calls attend in tiles of queries (blocks in order, each read once per tile);
   // calls with block indices query by query (each query its own blocks).
@@ -336,26 +342,33 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
             first_reader = false;
           }
         }
+        for (int64_t j = 0; j < attending; ++j)
+          finish_query(s.slot(j, G, Dp), G, D, Dp, output(i0 + j), item_importance);
       } else {
         const int64_t p = past + i0;
-        const int32_t* row = prm.block_indices + (item * S + i0) * K;
-        // Unselected (-1) blocks and blocks after the query attend nothing; dropping them lets the
-        // prefetch stream see the real next block.
-        s.blocks.clear();
-        for (int64_t j = 0; j < K; ++j)
-          if (row[j] >= 0 && row[j] * P <= p) s.blocks.push_back(row[j]);
-        for (size_t j = 0; j < s.blocks.size(); ++j) {
-          RowStream<TC> rows = rows_of(s.blocks[j], p);
-          if (j + 1 < s.blocks.size()) {
-            const int64_t next = s.blocks[j + 1] * P;
-            rows.next_keys = key_cache + next * D;
-            rows.next_count = std::min<int64_t>(next + P, p + 1) - next;
+        const QueryState query_state = s.slot(0, G, Dp);
+        // Each list of blocks is attended by `width` heads from g0: all G, or one head per list.
+        for (int64_t g0 = 0; g0 < G; g0 += width) {
+          const QueryState heads = query_state.heads(g0, Dp);
+          const int32_t* row = prm.block_indices + ((item * (G / width) + g0 / width) * S + i0) * K;
+          // Unselected (-1) blocks and blocks after the query attend nothing; dropping them lets the
+          // prefetch stream see the real next block.
+          s.blocks.clear();
+          for (int64_t j = 0; j < K; ++j)
+            if (row[j] >= 0 && row[j] * P <= p) s.blocks.push_back(row[j]);
+          heads.masses->clear();
+          for (size_t j = 0; j < s.blocks.size(); ++j) {
+            RowStream<TC> rows = rows_of(s.blocks[j], p);
+            if (j + 1 < s.blocks.size()) {
+              const int64_t next = s.blocks[j + 1] * P;
+              rows.next_keys = key_cache + next * D;
+              rows.next_count = std::min<int64_t>(next + P, p + 1) - next;
+            }
+            attend_block(prm, rows, s.blocks[j], importance, width, Dp, Pp, s, heads);
           }
-          attend_block(prm, rows, s.blocks[j], importance, G, Dp, Pp, s, s.slot(0, G, Dp));
+          finish_query(heads, width, D, Dp, output(i0) + g0 * D, item_importance);
         }
       }
-      for (int64_t j = 0; j < attending; ++j)
-        finish_query(s.slot(j, G, Dp), G, D, Dp, output(i0 + j), item_importance);
     }
   }
 }

@@ -9,12 +9,18 @@
 
 namespace quest::QUEST_ISA {
 
-// The G query rows of (b, n, i), zero-padded; with mean reduction reduced to one row. Returns rows.
+// The G query rows of (b, n, i), zero-padded; with mean reduction reduced to one row; with no
+// reduction row `own` of the group alone. Returns rows.
 template <typename T>
-int64_t load_query_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t i, std::vector<float>& rows) {
+int64_t load_query_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t i, int64_t own,
+                        std::vector<float>& rows) {
   const int64_t G = prm.num_heads / prm.kv_heads, D = prm.head_dim, S = prm.query_len, Dp = padded(D);
   const T* query = static_cast<const T*>(prm.query) + (((b * prm.num_heads) + n * G) * S + i) * D;
   rows.resize(G * Dp);
+  if (prm.reduce == GroupReduce::None) {
+    load_padded(query + own * S * D, D, rows.data());
+    return 1;
+  }
   for (int64_t g = 0; g < G; ++g) load_padded(query + g * S * D, D, rows.data() + g * Dp);
   if (prm.reduce == GroupReduce::Max) return G;
   const Lanes heads = Lanes::broadcast(static_cast<float>(G));
@@ -124,7 +130,7 @@ void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, i
 template <typename T, typename TC>
 void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, K = prm.top_k, P = prm.block_size, M = prm.num_blocks, D = prm.head_dim;
-  const int64_t Dp = padded(D);
+  const int64_t Dp = padded(D), selections = selections_per_item(prm);
   thread_local SelectScratch s;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads;
@@ -132,15 +138,16 @@ void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin
     const float* importance = prm.block_importance ? prm.block_importance + item * M : nullptr;
     const TC* kmax = static_cast<const TC*>(prm.block_max) + item * M * D;
     const TC* kmin = static_cast<const TC*>(prm.block_min) + item * M * D;
+    for (int64_t own = 0; own < selections; ++own)
     for (int64_t i = 0; i < S; ++i) {
-      int32_t* row = prm.block_indices + (item * S + i) * K;
+      int32_t* row = prm.block_indices + ((item * selections + own) * S + i) * K;
       const int64_t p = past + i;
       if (p >= total) {
         std::fill(row, row + K, -1);
         continue;
       }
       select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float* scores) {
-        const int64_t heads = load_query_rows<T>(prm, b, n, i, s.query);
+        const int64_t heads = load_query_rows<T>(prm, b, n, i, own, s.query);
         if (prm.score == ScoreMode::Probe)
           return probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query.data(), Dp, s.key, scores);
         score_blocks(s.query.data(), heads, Dp, kmax, kmin, D, eligible, scores);
