@@ -43,6 +43,7 @@ POLICIES = {
     "bound-mean+importance": dict(score="bound", group_reduce="mean", importance_fraction=0.5),
     "bound-max+importance": dict(score="bound", group_reduce="max", importance_fraction=0.5),
     "probe": dict(score="probe", group_reduce="mean", importance_fraction=0.0),
+    "probe-head": dict(score="probe", group_reduce="none", importance_fraction=0.0),
 }
 SMALL_BLOCK_POLICIES = ("bound-mean", "bound-head")  # the policies also run at P = 8 and 16
 LENGTHS = (2048, 4096, 8192)
