@@ -86,11 +86,19 @@ class Feeds:
         return self.fn(copy)
 
 
-def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list):
+def blocks_read(indices: np.ndarray, kv_heads: int) -> int:
+    """Distinct blocks SparseBlockAttention reads for one decode query: per KV head, the union of
+    its rows of block_indices [1, R, 1, K] (one row, or one per query head)."""
+    rows = indices.reshape(kv_heads, -1)
+    return sum(np.unique(row[row >= 0]).size for row in rows)
+
+
+def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list, group_reduce: str = "mean"):
     H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
     meta = cfg.metadata(P, rng)
     M_eligible = cfg.past // P + 1
-    base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, block_size=P, top_k=K, threads=threads)
+    base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, block_size=P, top_k=K, threads=threads,
+                group_reduce=group_reduce)
 
     def record(kind, ms, bytes_read=None, **extra):
         row = dict(base, kind=kind, ms=round(ms, 4), **extra)
@@ -111,7 +119,7 @@ def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list):
     record("metadata_update", time_rotating(run, cfg.copies))
 
     # Selection over the cached context.
-    select_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P, top_k=K)
+    select_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P, top_k=K, group_reduce=group_reduce)
     select = InPlaceStep(make_session(op_model("SparseBlockSelect", dict(query=cfg.query, block_max=meta[0][0].numpy(),
                                                                          block_min=meta[0][1].numpy(), past_lens=cfg.past_lens),
                                                select_attributes), threads=threads), {})
@@ -129,16 +137,19 @@ def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list):
     run = _steps(sparse, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
                                                          key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
                                                          past_lens=cfg.past_lens, block_indices=indices[c])))
-    record("sparse_attention", time_rotating(run, cfg.copies), cfg.cache_bytes(K * P))
+    # Bytes it must read: every distinct selected block of each KV head, keys and values.
+    attended = int(cfg.cache_bytes(P) * np.mean([blocks_read(i, N) for i in indices]) / N)
+    record("sparse_attention", time_rotating(run, cfg.copies), attended)
 
     # The whole sparse decode step: the three ops as one layer graph, everything in place.
     layer = InPlaceStep(make_session(attention_layer_model(num_heads=H, kv_num_heads=N, head_dim=D, capacity=C,
                                                            block_size=P, top_k=K, activation_dtype=cfg.dtype,
-                                                           cache_dtype=cfg.dtype), threads=threads), LAYER_ALIASES)
+                                                           cache_dtype=cfg.dtype, group_reduce=group_reduce),
+                                      threads=threads), LAYER_ALIASES)
     run = _steps(layer, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
                                                         key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
                                                         past_lens=cfg.past_lens, block_max=meta[c][0], block_min=meta[c][1])))
-    record("sparse_step", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * cfg.dtype.itemsize + cfg.cache_bytes(K * P))
+    record("sparse_step", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * cfg.dtype.itemsize + attended)
 
 
 def bench_dense(cfg: Config, threads: int, include_gqa: bool, rows: list):
@@ -205,24 +216,31 @@ def summarize(rows, bandwidth):
         return found[0]["gb_per_s"] if found else None
 
     headline = dict(heads="32/8/128", context=32768, dtype="float32", threads=1)
+    budget = dict(block_size=32, top_k=32, group_reduce="mean")
     out = {}
     for threads, suffix, label in ((1, "", ""), (2, "_two_threads", "two_thread_")):
         at = dict(headline, threads=threads)
         gqa, dense = ms(kind="gqa", **at), ms(kind="dense", **at)
-        step = ms(kind="sparse_step", block_size=32, top_k=32, **at)
+        step = ms(kind="sparse_step", **budget, **at)
         if gqa and step:
             out[f"sparse_step_speedup_vs_gqa{suffix}"] = round(gqa / step, 1)
         if gqa and dense:
             out[f"dense_speedup_vs_gqa{suffix}"] = round(gqa / dense, 2)
         for kind in ("select", "sparse_attention"):
-            value = gbs(kind=kind, block_size=32, top_k=32, **at)
+            value = gbs(kind=kind, **budget, **at)
             if value:
                 out[f"{kind}_fraction_of_{label}bandwidth"] = round(value / bandwidth[threads], 3)
+    per_head = [r for r in rows if r["kind"] == "sparse_step" and r.get("group_reduce") == "none"
+                and all(r[k] == v for k, v in headline.items())]
+    gqa = ms(kind="gqa", **headline)
+    if per_head and gqa:  # each query head its own K blocks: up to G times the attention reads
+        out["per_head_step_ms_and_speedup_vs_gqa"] = [per_head[0]["ms"], round(gqa / per_head[0]["ms"], 1)]
+        out["per_head_attention_gb_per_s"] = gbs(kind="sparse_attention", group_reduce="none", **headline)
     build = gbs(kind="metadata_build", context=32768, dtype="float32", block_size=32, threads=1)
     if build:
         out["metadata_build_fraction_of_bandwidth"] = round(build / bandwidth[1], 3)
-    small = ms(kind="metadata_update", heads="32/8/128", context=4096, dtype="float32", block_size=32, threads=1)
-    large = ms(kind="metadata_update", heads="32/8/128", context=65536, dtype="float32", block_size=32, threads=1)
+    small = ms(kind="metadata_update", heads="32/8/128", context=4096, dtype="float32", threads=1, **budget)
+    large = ms(kind="metadata_update", heads="32/8/128", context=65536, dtype="float32", threads=1, **budget)
     if small and large:
         out["metadata_update_64k_over_4k"] = round(large / small, 2)
     one, two = ms(kind="dense", **headline), ms(kind="dense", **dict(headline, threads=2))
@@ -230,7 +248,7 @@ def summarize(rows, bandwidth):
         out["dense_two_thread_speedup"] = round(one / two, 2)
     for dtype in DTYPES:
         g = ms(kind="gqa", heads="32/8/128", context=32768, dtype=dtype, threads=1)
-        s = ms(kind="sparse_step", heads="32/8/128", context=32768, dtype=dtype, block_size=32, top_k=32, threads=1)
+        s = ms(kind="sparse_step", heads="32/8/128", context=32768, dtype=dtype, threads=1, **budget)
         d = ms(kind="dense", heads="32/8/128", context=32768, dtype=dtype, threads=1)
         if g and s and d:
             out[f"{dtype}_32k_step_dense_gqa_ms"] = [s, d, g]
@@ -297,6 +315,9 @@ def main(argv=None):
                     # The headline budget again on two threads, next to GQA and dense on two threads.
                     print(f"H={H} N={N} D={D} C={C} {dtype} P=32 K=32, 2 threads", flush=True)
                     bench_config(cfg, 32, 32, 2, rng, rows)
+                if (H, N, D, C, dtype) == (32, 8, 128, 32768, "float32"):
+                    print(f"H={H} N={N} D={D} C={C} {dtype} P=32 K=32, a selection per query head", flush=True)
+                    bench_config(cfg, 32, 32, 1, rng, rows, group_reduce="none")
                     print(f"H={H} N={N} D={D} C={C} {dtype} dense", flush=True)
                     for threads in (1, 2):
                         bench_dense(cfg, threads, True, rows)
