@@ -79,9 +79,9 @@ void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
     const float* importance = prm.block_importance ? prm.block_importance + item * M : nullptr;
     const TC* kmax = static_cast<const TC*>(prm.block_max) + item * M * D;
     const TC* kmin = static_cast<const TC*>(prm.block_min) + item * M * D;
-    for (int64_t own = 0; own < selections; ++own)
-    for (int64_t i = 0; i < S; ++i) {
-      int32_t* row = prm.block_indices + ((item * selections + own) * S + i) * K;
+    for (int64_t r = 0; r < selections * S; ++r) {  // the item's output rows: (own head, query i) in order
+      const int64_t own = r / S, i = r % S;
+      int32_t* row = prm.block_indices + (item * selections * S + r) * K;
       const int64_t p = past + i;
       if (p >= total) {
         std::fill(row, row + K, -1);
