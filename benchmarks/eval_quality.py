@@ -34,6 +34,7 @@ from quality_inputs import keys, natural_text, pass_key_prompt
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODELS = ROOT / "build" / "models"
 DOCS = ROOT / "docs"
+RUNS = ROOT / "build" / "eval"  # every run's own rows, kept
 BUDGETS = (64, 128, 256, 512, 1024)
 BLOCK_SIZES = (8, 16, 32)
 POLICIES = {
@@ -306,6 +307,7 @@ def merged_report(path: pathlib.Path, report: dict, configs: set[tuple[str, int]
     if not path.is_file():
         raise FileNotFoundError(f"{path}: a run of some policies merges into an earlier full run; run them all first")
     earlier = json.loads(path.read_text())
+    report = json.loads(json.dumps(report))  # tuples as JSON lists, like the earlier report's
     for field in ("keys", "perplexity_tokens", "lengths", "depths"):
         if earlier[field] != report[field]:
             raise ValueError(f"{path}: {field} is {earlier[field]}, this run's is {report[field]}: cannot merge")
@@ -358,6 +360,11 @@ def main(argv=None):
                   block_sizes=BLOCK_SIZES, policies=POLICIES, lengths=LENGTHS, depths=DEPTHS, keys=args.keys,
                   perplexity_tokens=args.ppl_tokens, perplexity=perplexities, pass_key=pass_keys,
                   seconds=round(time.time() - started))
+    # This run's rows first, on their own: a merge that fails loses nothing.
+    RUNS.mkdir(parents=True, exist_ok=True)
+    own = RUNS / f"quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    own.write_text(json.dumps(report, indent=1) + "\n")
+    log(f"this run's rows: {own}")
     if chosen != every:
         report = merged_report(args.output / "quality.json", report, chosen)
     args.output.mkdir(parents=True, exist_ok=True)

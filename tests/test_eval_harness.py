@@ -95,3 +95,29 @@ def test_variant_makes_the_first_sparse_layers_select_every_block(tmp_path):
     attributes = [{a.name: helper.get_attribute_value(a) for a in n.attribute} for n in saved.graph.node]
     assert attributes == [dict(top_k=272, recent_blocks=4), dict(top_k=272, recent_blocks=4),
                           dict(top_k=8, recent_blocks=4)]
+
+
+def _report(lengths, dense_perplexity, rows):
+    dense = [dict(config="dense", policy="dense", block_size=None, budget=None, perplexity=dense_perplexity)]
+    dense_key = [dict(length=2048, depth=0.5, key="12345", config="dense", policy="dense", block_size=None,
+                      budget=None, hit=True)]
+    return dict(keys=1, perplexity_tokens=64, lengths=lengths, depths=(0.5,), seconds=10,
+                perplexity=dense + [dict(r, perplexity=1.0) for r in rows],
+                pass_key=dense_key + [dict(r, length=2048, depth=0.5, key="12345", hit=True) for r in rows])
+
+
+def test_a_run_of_some_configs_replaces_their_rows_and_keeps_the_rest(tmp_path):
+    """make eval --only: JSON lists against this run's tuples, other rows kept, dense rows checked."""
+    import json
+
+    mean = dict(config="bound-mean@P32K8", policy="bound-mean", block_size=32, budget=256)
+    head = dict(config="bound-head@P32K8", policy="bound-head", block_size=32, budget=256)
+    path = tmp_path / "quality.json"
+    path.write_text(json.dumps(_report([2048], 15.0, [mean, dict(head, config="old")])))
+    merged = eval_quality.merged_report(path, _report((2048,), 15.0001, [head]), {("bound-head", 32)})
+    assert sorted(r["config"] for r in merged["perplexity"]) == ["bound-head@P32K8", "bound-mean@P32K8", "dense"]
+    assert merged["seconds"] == 20 and len(merged["pass_key"]) == 3
+    with pytest.raises(ValueError, match="dense perplexity"):
+        eval_quality.merged_report(path, _report((2048,), 16.0, [head]), {("bound-head", 32)})
+    with pytest.raises(ValueError, match="lengths"):
+        eval_quality.merged_report(path, _report((4096,), 15.0, [head]), {("bound-head", 32)})
