@@ -198,9 +198,9 @@ def greedy_answer(model, cache, first_logits, tokens: int) -> list[int]:
     return out
 
 
-def recall(model, cache, token: int) -> float:
-    """Share of the dense attention mass (per sparse layer and KV head) in the selected blocks,
-    for one decode step with the analysis variant."""
+def analysis_step(model, cache, token: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One decode step of an analysis variant (the cache is left as the step wrote it): per sparse
+    layer in graph order, (selected blocks [R, K], dense attention mass [N, M])."""
     from quest_ort.runtime.binding import InPlaceStep
 
     step = InPlaceStep(model.session, model._step.aliases)
@@ -211,13 +211,20 @@ def recall(model, cache, token: int) -> float:
     # write_variant appended, per sparse layer in graph order: the selection, then the dense mass
     extra = [o.name for o in model.session.get_outputs()
              if o.name != model.sidecar.outputs["logits"] and not o.name.startswith("present")]
+    return [(outputs[selected][0, :, 0], outputs[mass][0]) for selected, mass in zip(extra[0::2], extra[1::2])]
+
+
+def blocks_per_kv_head(selected: np.ndarray, kv_heads: int) -> list[np.ndarray]:
+    """The distinct blocks each KV head reads: its row, or the union of its query heads' rows."""
+    return [np.unique(rows[rows >= 0]) for rows in selected.reshape(kv_heads, -1)]
+
+
+def recall(model, cache, token: int) -> float:
+    """Share of the dense attention mass (per sparse layer and KV head) in the selected blocks,
+    for one decode step with the analysis variant."""
     shares = []
-    for selected_name, mass_name in zip(extra[0::2], extra[1::2]):
-        selected, mass = outputs[selected_name][0, :, 0], outputs[mass_name][0]  # [R, K], [N, M]
-        rows_per_head = selected.shape[0] // mass.shape[0]  # 1, or G when each query head selects
-        for n in range(mass.shape[0]):
-            rows = selected[n * rows_per_head : (n + 1) * rows_per_head]
-            chosen = np.unique(rows[rows >= 0])  # per-head lists: the union the KV head's heads read
+    for selected, mass in analysis_step(model, cache, token):
+        for n, chosen in enumerate(blocks_per_kv_head(selected, mass.shape[0])):
             shares.append(mass[n, chosen].sum() / mass[n].sum())
     return float(np.mean(shares)) if shares else float("nan")
 

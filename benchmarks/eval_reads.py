@@ -23,20 +23,9 @@ DEPTHS = (0.25, 0.75)
 
 def distinct_tokens(model, cache, token: int) -> list[int]:
     """Distinct tokens each (sparse layer, KV head) attends in one decode step (whole blocks)."""
-    from quest_ort.runtime.binding import InPlaceStep
-
-    step = InPlaceStep(model.session, model._step.aliases)
-    names = model.sidecar.inputs
-    feeds = {names["input_ids"]: np.array([[token]], np.int64), names["past_lens"]: cache.lengths.copy(),
-             names["total_lens"]: cache.lengths + 1, **cache.values}
-    outputs = step.run(feeds)
-    extra = [o.name for o in model.session.get_outputs()
-             if o.name != model.sidecar.outputs["logits"] and not o.name.startswith("present")]
-    counts = []
-    for selected_name in extra[0::2]:  # per sparse layer: the selection, then the dense mass
-        per_kv_head = outputs[selected_name][0, :, 0].reshape(model.sidecar.kv_num_heads, -1)
-        counts += [np.unique(row[row >= 0]).size * model.sidecar.block_size for row in per_kv_head]
-    return counts
+    return [chosen.size * model.sidecar.block_size
+            for selected, _ in quality.analysis_step(model, cache, token)
+            for chosen in quality.blocks_per_kv_head(selected, model.sidecar.kv_num_heads)]
 
 
 def main(argv=None):

@@ -121,3 +121,9 @@ def test_a_run_of_some_configs_replaces_their_rows_and_keeps_the_rest(tmp_path):
         eval_quality.merged_report(path, _report((2048,), 16.0, [head]), {("bound-head", 32)})
     with pytest.raises(ValueError, match="lengths"):
         eval_quality.merged_report(path, _report((4096,), 15.0, [head]), {("bound-head", 32)})
+
+
+def test_a_kv_head_reads_the_union_of_its_query_heads_lists():
+    selected = np.array([[0, 1, -1], [1, 2, -1]], np.int32)  # [R, K]
+    assert [b.tolist() for b in eval_quality.blocks_per_kv_head(selected, 1)] == [[0, 1, 2]]  # R = H = 2
+    assert [b.tolist() for b in eval_quality.blocks_per_kv_head(selected, 2)] == [[0, 1], [1, 2]]  # R = N
