@@ -31,6 +31,7 @@ struct SelectScratch {
   std::vector<uint8_t> taken;      // [eligible]
   std::vector<float> query;        // variant-owned: the (reduced) query rows
   std::vector<float> key;          // variant-owned: one probed key row
+  std::vector<float> head_scores;  // variant-owned: scores of every query head of a group
 };
 
 // Appends to s.chosen the best `count` untaken blocks of [0, eligible) by `values`.
@@ -39,16 +40,22 @@ inline void choose_best(const float* values, int64_t eligible, int64_t count, Se
   if (count <= 0) return;
   const auto worse = [values](int32_t a, int32_t b) { return ranks_before(values, a, b); };
   s.best.clear();
-  for (int32_t m = 0; m < eligible; ++m) {
+  int32_t m = 0;
+  for (; m < eligible && static_cast<int64_t>(s.best.size()) < count; ++m) {
     if (s.taken[m]) continue;
-    if (static_cast<int64_t>(s.best.size()) < count) {
-      s.best.push_back(m);
-      std::push_heap(s.best.begin(), s.best.end(), worse);
-    } else if (ranks_before(values, m, s.best.front())) {
-      std::pop_heap(s.best.begin(), s.best.end(), worse);
-      s.best.back() = m;
-      std::push_heap(s.best.begin(), s.best.end(), worse);
-    }
+    s.best.push_back(m);
+    std::push_heap(s.best.begin(), s.best.end(), worse);
+  }
+  // With the heap full, block m (above every kept index, so never first on a tie) ranks before
+  // the worst kept block exactly when its value is greater, or is a number while the worst is NaN:
+  // one compare rejects almost every block.
+  for (; m < eligible; ++m) {
+    const float worst = values[s.best.front()], value = values[m];
+    const bool better = std::isnan(worst) ? !std::isnan(value) : value > worst;
+    if (!better || s.taken[m]) continue;
+    std::pop_heap(s.best.begin(), s.best.end(), worse);
+    s.best.back() = m;
+    std::push_heap(s.best.begin(), s.best.end(), worse);
   }
   for (const int32_t m : s.best) {
     s.taken[m] = 1;

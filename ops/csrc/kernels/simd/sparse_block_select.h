@@ -1,6 +1,7 @@
 // SparseBlockSelect over 16-lane vectors: bound scores in the canonical order, shared selection.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "../select_order.h"
@@ -9,19 +10,27 @@
 
 namespace quest::QUEST_ISA {
 
+// The G query rows of (b, n, i), zero-padded, into rows [G][Dp].
+template <typename T>
+void load_group_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t i, std::vector<float>& rows) {
+  const int64_t G = prm.num_heads / prm.kv_heads, D = prm.head_dim, S = prm.query_len, Dp = padded(D);
+  const T* query = static_cast<const T*>(prm.query) + (((b * prm.num_heads) + n * G) * S + i) * D;
+  rows.resize(G * Dp);
+  for (int64_t g = 0; g < G; ++g) load_padded(query + g * S * D, D, rows.data() + g * Dp);
+}
+
 // The G query rows of (b, n, i), zero-padded; with mean reduction reduced to one row; with no
 // reduction row `own` of the group alone. Returns rows.
 template <typename T>
 int64_t load_query_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t i, int64_t own,
                         std::vector<float>& rows) {
   const int64_t G = prm.num_heads / prm.kv_heads, D = prm.head_dim, S = prm.query_len, Dp = padded(D);
-  const T* query = static_cast<const T*>(prm.query) + (((b * prm.num_heads) + n * G) * S + i) * D;
-  rows.resize(G * Dp);
   if (prm.reduce == GroupReduce::None) {
-    load_padded(query + own * S * D, D, rows.data());
+    rows.resize(Dp);
+    load_padded(static_cast<const T*>(prm.query) + (((b * prm.num_heads) + n * G + own) * S + i) * D, D, rows.data());
     return 1;
   }
-  for (int64_t g = 0; g < G; ++g) load_padded(query + g * S * D, D, rows.data() + g * Dp);
+  load_group_rows<T>(prm, b, n, i, rows);
   if (prm.reduce == GroupReduce::Max) return G;
   const Lanes heads = Lanes::broadcast(static_cast<float>(G));
   for (int64_t d = 0; d < Dp; d += kChunk) {
@@ -99,6 +108,26 @@ void score_blocks(const float* rows, int64_t heads, int64_t Dp, const TC* kmax, 
   }
 }
 
+// Scores of blocks [0, eligible) for each of `heads` query rows on its own: scores[g * eligible + m].
+// One pass over the metadata for all the rows (four rows share each read of a block), where a pass
+// per row would read it `heads` times; every score is the same canonical sum bound1 returns.
+template <typename TC>
+void score_blocks_per_row(const float* rows, int64_t heads, int64_t Dp, const TC* kmax, const TC* kmin, int64_t D,
+                          int64_t eligible, float* scores) {
+  for (int64_t m = 0; m < eligible; ++m) {
+    const TC* hi = kmax + m * D;
+    const TC* lo = kmin + m * D;
+    int64_t g = 0;
+    for (; g + 4 <= heads; g += 4) {
+      const float* q = rows + g * Dp;
+      float bound[4];
+      bounds4(q, q + Dp, q + 2 * Dp, q + 3 * Dp, hi, hi, hi, hi, lo, lo, lo, lo, D, bound);
+      for (int64_t j = 0; j < 4; ++j) scores[(g + j) * eligible + m] = bound[j];
+    }
+    for (; g < heads; ++g) scores[g * eligible + m] = bound1(rows + g * Dp, hi, lo, D);
+  }
+}
+
 // Probe scores, as the scalar kernel orders them: per block, probes in order, rows in order.
 template <typename T, typename TC>
 void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, int64_t heads, int64_t eligible,
@@ -138,20 +167,38 @@ void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin
     const float* importance = prm.block_importance ? prm.block_importance + item * M : nullptr;
     const TC* kmax = static_cast<const TC*>(prm.block_max) + item * M * D;
     const TC* kmin = static_cast<const TC*>(prm.block_min) + item * M * D;
-    for (int64_t r = 0; r < selections * S; ++r) {  // the item's output rows: (own head, query i) in order
-      const int64_t own = r / S, i = r % S;
-      int32_t* row = prm.block_indices + (item * selections * S + r) * K;
+    // With a selection per query head and bound scores, the heads of query i score in one shared
+    // pass (on the first head that needs scores; the others need them too: same blocks eligible,
+    // same forced blocks, same importance).
+    const bool shared_pass = selections > 1 && prm.score == ScoreMode::Bound;
+    for (int64_t i = 0; i < S; ++i) {
       const int64_t p = past + i;
-      if (p >= total) {
-        std::fill(row, row + K, -1);
-        continue;
+      bool scored = false;
+      for (int64_t own = 0; own < selections; ++own) {  // output row (own head, query i)
+        int32_t* row = prm.block_indices + (item * selections * S + own * S + i) * K;
+        if (p >= total) {
+          std::fill(row, row + K, -1);
+          continue;
+        }
+        select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float* scores) {
+          if (shared_pass) {
+            if (!scored) {
+              load_group_rows<T>(prm, b, n, i, s.query);
+              s.head_scores.resize(selections * eligible);
+              score_blocks_per_row(s.query.data(), selections, Dp, kmax, kmin, D, eligible, s.head_scores.data());
+              scored = true;
+            }
+            const float* own_scores = s.head_scores.data() + own * eligible;
+            std::copy(own_scores, own_scores + eligible, scores);
+          } else {
+            const int64_t heads = load_query_rows<T>(prm, b, n, i, own, s.query);
+            if (prm.score == ScoreMode::Probe)
+              probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query.data(), Dp, s.key, scores);
+            else
+              score_blocks(s.query.data(), heads, Dp, kmax, kmin, D, eligible, scores);
+          }
+        });
       }
-      select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float* scores) {
-        const int64_t heads = load_query_rows<T>(prm, b, n, i, own, s.query);
-        if (prm.score == ScoreMode::Probe)
-          return probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query.data(), Dp, s.key, scores);
-        score_blocks(s.query.data(), heads, Dp, kmax, kmin, D, eligible, scores);
-      });
     }
   }
 }
