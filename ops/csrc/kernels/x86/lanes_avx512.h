@@ -16,7 +16,7 @@ struct Lanes {
 
   // Register tiling that fits the 32 vector registers: key rows per logits tile (x 4 heads) and
   // 16-lane chunks per value tile (x 4 heads).
-  static constexpr int kTileRows = 2;
+  static constexpr int kTileRows = 4;
   static constexpr int kMetadataChunks = 8;  // chunks of running max and min kept in registers
   static constexpr int kValueChunks = 4;
 
