@@ -46,6 +46,29 @@ def _command(machine):
 def test_variants_match_scalar_and_reference(case, call, machine, tmp_path):
     op_name = CALLS[call][0]
     inputs, attributes, expected = reference_outputs(call, case)
+    _check_variants(machine, op_name, case, inputs, attributes, expected, tmp_path)
+
+
+def _reverse_odd_heads(inputs):
+    indices = inputs["block_indices"].copy()
+    indices[:, 1::2] = indices[:, 1::2, :, ::-1]
+    return dict(inputs, block_indices=indices)
+
+
+PER_HEAD_CASES = [c for c in CASES if c.reduce == "none" and c.heads[0] > c.heads[1] and c.ranks_blocks()]
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+@pytest.mark.parametrize("case", PER_HEAD_CASES[:2], ids=lambda case: case.id)
+def test_per_head_lists_in_any_order(case, machine, tmp_path):
+    """SIMD attention walks a group's per-head lists as one when each is ascending (as
+    SparseBlockSelect writes them); lists in another order (here every other head's reversed) take
+    the walk list by list, and both must equal the scalar kernel bit for bit."""
+    inputs, attributes, expected = reference_outputs("SparseBlockAttention", case, _reverse_odd_heads)
+    _check_variants(machine, "SparseBlockAttention", case, inputs, attributes, expected, tmp_path)
+
+
+def _check_variants(machine, op_name, case, inputs, attributes, expected, tmp_path):
     total = total_lens(inputs, case)
     write_case(tmp_path, op_name, inputs, attributes, case, total)
     run = subprocess.run([*_command(machine), str(tmp_path)], capture_output=True, text=True, timeout=600)

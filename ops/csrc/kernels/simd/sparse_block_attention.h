@@ -185,24 +185,32 @@ struct BlockMass {
 };
 
 // One query's online-softmax state: its G query rows and, per head, the accumulator, the running
-// max and denominator, and each attended block's mass (for block_importance).
+// max and denominator, and each attended block's mass (for block_importance): in one list, the
+// heads' masses in turn block by block, or (masses_per_head) a list per head.
 struct QueryState {
   float* queries;       // [G][Dp]
   float* accumulators;  // [G][Dp]
   float* max_logit;     // [G]
   float* denominator;   // [G]
   std::vector<BlockMass>* masses;
+  bool masses_per_head = false;
 
-  // The state of the heads from g on (they share the mass list).
+  // The state of the heads from g on.
   QueryState heads(int64_t g, int64_t Dp) const {
-    return {queries + g * Dp, accumulators + g * Dp, max_logit + g, denominator + g, masses};
+    return {queries + g * Dp, accumulators + g * Dp, max_logit + g, denominator + g,
+            masses_per_head ? masses + g : masses, masses_per_head};
   }
+  std::vector<BlockMass>& masses_of(int64_t g) const { return masses_per_head ? masses[g] : *masses; }
 };
 
 struct AttentionScratch {
   std::vector<float> queries, accumulators, logits, weights, max_logit, denominator;
   std::vector<int32_t> blocks;
   std::vector<std::vector<BlockMass>> masses;
+  // Per-head lists walked as one (attend_union): each head's blocks, their union, each head's masses.
+  std::vector<int32_t> head_blocks;
+  std::vector<int64_t> head_counts, head_next;
+  std::vector<std::vector<BlockMass>> head_masses;
 
   // Sizes the buffers for `slots` queries (the per-query mass lists only grow, keeping their storage).
   void fit(int64_t slots, int64_t G, int64_t Dp, int64_t Pp) {
@@ -261,7 +269,7 @@ void attend_block(const SparseBlockAttentionParams& prm, const RowStream<TC>& ro
     const float weight_sum = lane_sum.fold();
     q.denominator[g] = q.denominator[g] + weight_sum;
     q.max_logit[g] = new_max;
-    if (importance) q.masses->push_back(BlockMass{block, new_max, weight_sum});
+    if (importance) q.masses_of(g).push_back(BlockMass{block, new_max, weight_sum});
   }
   // Values: added, weighted, to the G accumulators in t order.
   block_values(rows, Dp, G, s.weights.data(), Pp, q.accumulators);
@@ -279,11 +287,97 @@ void finish_query(const QueryState& q, int64_t G, int64_t D, int64_t Dp, T* out,
       store_row(result, out + g * D, d, D);
     }
   }
-  for (size_t j = 0; j < q.masses->size(); ++j) {
-    const int64_t g = static_cast<int64_t>(j) % G;
-    const BlockMass& mass = (*q.masses)[j];
+  const auto add_mass = [&](const BlockMass& mass, int64_t g) {
     importance[mass.block] += mass.weight_sum * canonical_exp(mass.max_logit - q.max_logit[g]) / q.denominator[g];
+  };
+  if (q.masses_per_head) {
+    for (int64_t g = 0; g < G; ++g)
+      for (const BlockMass& mass : q.masses[g]) add_mass(mass, g);
+    return;
   }
+  for (size_t j = 0; j < q.masses->size(); ++j) add_mass((*q.masses)[j], static_cast<int64_t>(j) % G);
+}
+
+// The blocks a query at p attends from one row of block_indices, in the row's order: unselected
+// (-1) blocks and blocks after the query attend nothing; dropping them lets the prefetch stream see
+// the real next block.
+inline void attended_blocks(const int32_t* row, int64_t K, int64_t P, int64_t p, int32_t* out, int64_t& count) {
+  count = 0;
+  for (int64_t j = 0; j < K; ++j)
+    if (row[j] >= 0 && row[j] * P <= p) out[count++] = row[j];
+}
+
+// Points the stream's prefetching at the block after `j` in `blocks` (if any).
+template <typename TC>
+void stream_into_next(RowStream<TC>& rows, const TC* key_cache, const int32_t* blocks, int64_t count, int64_t j,
+                      int64_t P, int64_t p, int64_t D) {
+  if (j + 1 >= count) return;
+  const int64_t next = blocks[j + 1] * P;
+  rows.next_keys = key_cache + next * D;
+  rows.next_count = std::min<int64_t>(next + P, p + 1) - next;
+}
+
+// One query's G per-head lists (block_indices rows `lists`, `stride` apart), when each is strictly
+// ascending, walked as one:
+//
+//   union of the lists, ascending:  b0      b1      b2 ...
+//   head 0 (list 0 has b0, b2)      attend  -       attend
+//   head 1 (list 1 has b0, b1)      attend  attend  -
+//
+// Each block is read from memory once and attended by every head that chose it (the later heads
+// from cache). Every head sees its own blocks in its own order, so outputs and importance are bit
+// for bit those of the walk list by list; a list out of order (or with a repeat) would not be, and
+// returns false with nothing done.
+template <typename T, typename TC>
+bool attend_union(const SparseBlockAttentionParams& prm, const int32_t* lists, int64_t stride, int64_t p,
+                  const TC* key_cache, const TC* value_cache, int64_t G, int64_t Dp, int64_t Pp, AttentionScratch& s,
+                  const QueryState& query_state, T* out, float* importance) {
+  const int64_t K = prm.top_k, P = prm.block_size, D = prm.head_dim;
+  s.head_blocks.resize(G * K);
+  s.head_counts.resize(G);
+  s.head_next.assign(G, 0);
+  s.blocks.clear();
+  for (int64_t g = 0; g < G; ++g) {
+    int32_t* mine = s.head_blocks.data() + g * K;
+    attended_blocks(lists + g * stride, K, P, p, mine, s.head_counts[g]);
+    for (int64_t j = 1; j < s.head_counts[g]; ++j)
+      if (mine[j] <= mine[j - 1]) return false;
+    s.blocks.insert(s.blocks.end(), mine, mine + s.head_counts[g]);
+  }
+  std::sort(s.blocks.begin(), s.blocks.end());
+  s.blocks.erase(std::unique(s.blocks.begin(), s.blocks.end()), s.blocks.end());
+  if (static_cast<int64_t>(s.head_masses.size()) < G) s.head_masses.resize(G);
+  for (int64_t g = 0; g < G; ++g) s.head_masses[g].clear();
+  QueryState state = query_state;
+  state.masses = s.head_masses.data();
+  state.masses_per_head = true;
+  const int64_t distinct = static_cast<int64_t>(s.blocks.size());
+  for (int64_t j = 0; j < distinct; ++j) {
+    const int32_t block = s.blocks[j];
+    const int64_t first = block * P;
+    RowStream<TC> rows{key_cache + first * D, value_cache + first * D, nullptr, std::min(first + P, p + 1) - first, 0, D};
+    stream_into_next(rows, key_cache, s.blocks.data(), distinct, j, P, p, D);
+    const auto chose = [&](int64_t g) {
+      const int64_t next = s.head_next[g];
+      return next < s.head_counts[g] && s.head_blocks[g * K + next] == block;
+    };
+    // Runs of consecutive heads that chose the block attend it together (their key and value rows
+    // loaded once per tile); the first run reads it from memory and streams ahead, the rest hit cache.
+    for (int64_t g0 = 0; g0 < G;) {
+      if (!chose(g0)) {
+        ++g0;
+        continue;
+      }
+      int64_t g1 = g0 + 1;
+      while (g1 < G && chose(g1)) ++g1;
+      attend_block(prm, rows, block, importance != nullptr, g1 - g0, Dp, Pp, s, state.heads(g0, Dp));
+      rows.prefetching = false;
+      for (int64_t g = g0; g < g1; ++g) ++s.head_next[g];
+      g0 = g1;
+    }
+  }
+  finish_query(state, G, D, Dp, out, importance);
+  return true;
 }
 
 // Queries that share one pass over the blocks in dense causal prefill: each block is read from
@@ -347,23 +441,21 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
       } else {
         const int64_t p = past + i0;
         const QueryState query_state = s.slot(0, G, Dp);
+        const int32_t* lists = prm.block_indices + (item * (G / width) * S + i0) * K;  // list l at l * S * K
+        if (width == 1 && G > 1 &&
+            attend_union(prm, lists, S * K, p, key_cache, value_cache, G, Dp, Pp, s, query_state, output(i0),
+                         item_importance))
+          continue;
         // Each list of blocks is attended by `width` heads from g0: all G, or one head per list.
+        s.blocks.resize(K);
         for (int64_t g0 = 0; g0 < G; g0 += width) {
           const QueryState heads = query_state.heads(g0, Dp);
-          const int32_t* row = prm.block_indices + ((item * (G / width) + g0 / width) * S + i0) * K;
-          // Unselected (-1) blocks and blocks after the query attend nothing; dropping them lets the
-          // prefetch stream see the real next block.
-          s.blocks.clear();
-          for (int64_t j = 0; j < K; ++j)
-            if (row[j] >= 0 && row[j] * P <= p) s.blocks.push_back(row[j]);
+          int64_t count = 0;
+          attended_blocks(lists + (g0 / width) * S * K, K, P, p, s.blocks.data(), count);
           heads.masses->clear();
-          for (size_t j = 0; j < s.blocks.size(); ++j) {
+          for (int64_t j = 0; j < count; ++j) {
             RowStream<TC> rows = rows_of(s.blocks[j], p);
-            if (j + 1 < s.blocks.size()) {
-              const int64_t next = s.blocks[j + 1] * P;
-              rows.next_keys = key_cache + next * D;
-              rows.next_count = std::min<int64_t>(next + P, p + 1) - next;
-            }
+            stream_into_next(rows, key_cache, s.blocks.data(), count, j, P, p, D);
             attend_block(prm, rows, s.blocks[j], importance, width, Dp, Pp, s, heads);
           }
           finish_query(heads, width, D, Dp, output(i0) + g0 * D, item_importance);
