@@ -52,6 +52,15 @@ def test_nan_score_ranks_lowest(impl):
 
 
 @EACH_IMPLEMENTATION
+def test_numbers_displace_nan_scores_taken_first(impl):
+    # forced {7, 0}; blocks 1 and 2 (NaN) fill the best-so-far first, then every number outranks them
+    bounds = [9, np.nan, np.nan, 5, 7, 3, 1, 0]
+    assert _select(impl, bounds, top_k=3).tolist() == [[0, 4, 7]]
+    assert _select(impl, bounds, top_k=4).tolist() == [[0, 3, 4, 7]]
+    assert _select(impl, bounds, top_k=8).tolist() == [[0, 1, 2, 3, 4, 5, 6, 7]]
+
+
+@EACH_IMPLEMENTATION
 def test_forced_blocks_beyond_budget_keep_recent_newest_first(impl):
     # forced priority: 7, 6 (recent, newest first), then sinks 0, 1
     assert _select(impl, BOUNDS, top_k=2, sink=2, recent=2).tolist() == [[6, 7]]
