@@ -32,35 +32,67 @@ struct SelectScratch {
   std::vector<float> query;        // variant-owned: the (reduced) query rows
   std::vector<float> key;          // variant-owned: one probed key row
   std::vector<float> head_scores;  // variant-owned: scores of every query head of a group
+  int64_t keep = 0;                // blocks the heap keeps
+  int32_t offered = 0;             // blocks [0, offered) went through offer()
+
+  // Starts a heap of the best `count` untaken blocks by `values`, offered in ascending order.
+  void begin_best(int64_t count) {
+    best.clear();
+    keep = count;
+    offered = 0;
+  }
+
+  // Offers block `offered` (its value ready in values): a bounded heap whose top is the worst kept
+  // block. With the heap full, the block (above every kept index, so never first on a tie) ranks
+  // before the worst kept one exactly when its value is greater, or is a number while the worst is
+  // NaN: one compare rejects almost every block.
+  void offer(const float* values) {
+    const int32_t m = offered++;
+    const auto worse = [values](int32_t a, int32_t b) { return ranks_before(values, a, b); };
+    if (taken[m]) return;
+    if (static_cast<int64_t>(best.size()) < keep) {
+      best.push_back(m);
+      std::push_heap(best.begin(), best.end(), worse);
+      return;
+    }
+    const float worst = values[best.front()], value = values[m];
+    if (std::isnan(worst) ? std::isnan(value) : !(value > worst)) return;
+    std::pop_heap(best.begin(), best.end(), worse);
+    best.back() = m;
+    std::push_heap(best.begin(), best.end(), worse);
+  }
+
+  // Offers blocks [offered, end). With the heap full and its worst a number, a run of blocks none
+  // of which is greater than the worst is rejected by one branch-free pass.
+  void offer_until(const float* values, int64_t end) {
+    if (static_cast<int64_t>(best.size()) == keep && keep > 0 && !std::isnan(values[best.front()])) {
+      const float worst = values[best.front()];
+      bool any_greater = false;
+      for (int64_t m = offered; m < end; ++m) any_greater |= values[m] > worst;
+      if (!any_greater) {
+        offered = static_cast<int32_t>(end);
+        return;
+      }
+    }
+    while (offered < end) offer(values);
+  }
+
+  // Offers the blocks up to `eligible` not offered yet, then takes the kept ones.
+  void end_best(const float* values, int64_t eligible) {
+    offer_until(values, eligible);
+    for (const int32_t m : best) {
+      taken[m] = 1;
+      chosen.push_back(m);
+    }
+  }
 };
 
-// Appends to s.chosen the best `count` untaken blocks of [0, eligible) by `values`.
-// A bounded heap whose top is the worst kept block: O(eligible) compares when count is small.
+// Appends to s.chosen the best `count` untaken blocks of [0, eligible) by `values`:
+// O(eligible) compares when count is small.
 inline void choose_best(const float* values, int64_t eligible, int64_t count, SelectScratch& s) {
   if (count <= 0) return;
-  const auto worse = [values](int32_t a, int32_t b) { return ranks_before(values, a, b); };
-  s.best.clear();
-  int32_t m = 0;
-  for (; m < eligible && static_cast<int64_t>(s.best.size()) < count; ++m) {
-    if (s.taken[m]) continue;
-    s.best.push_back(m);
-    std::push_heap(s.best.begin(), s.best.end(), worse);
-  }
-  // With the heap full, block m (above every kept index, so never first on a tie) ranks before
-  // the worst kept block exactly when its value is greater, or is a number while the worst is NaN:
-  // one compare rejects almost every block.
-  for (; m < eligible; ++m) {
-    const float worst = values[s.best.front()], value = values[m];
-    const bool better = std::isnan(worst) ? !std::isnan(value) : value > worst;
-    if (!better || s.taken[m]) continue;
-    std::pop_heap(s.best.begin(), s.best.end(), worse);
-    s.best.back() = m;
-    std::push_heap(s.best.begin(), s.best.end(), worse);
-  }
-  for (const int32_t m : s.best) {
-    s.taken[m] = 1;
-    s.chosen.push_back(m);
-  }
+  s.begin_best(count);
+  s.end_best(values, eligible);
 }
 
 inline void take_block(int32_t m, SelectScratch& s) {
@@ -98,9 +130,12 @@ void select_row(const SparseBlockSelectParams& prm, const float* importance, int
     remaining -= by_importance;
   }
   if (remaining > 0) {
+    // Scoring may offer blocks to the heap as their scores are written (s.offer_until, ascending),
+    // so that the heap's work overlaps the reads; the blocks it did not offer follow here.
     s.scores.resize(eligible);
+    s.begin_best(remaining);
     score_blocks(eligible, s.scores.data());
-    choose_best(s.scores.data(), eligible, remaining, s);
+    s.end_best(s.scores.data(), eligible);
   }
   std::sort(s.chosen.begin(), s.chosen.end());
   std::copy(s.chosen.begin(), s.chosen.end(), row);

@@ -85,13 +85,17 @@ QUEST_INLINE float bound1(const float* q, const TC* hi, const TC* lo, int64_t D)
 }
 
 // Scores of blocks [0, eligible): `heads` query rows (1 with mean reduction), max-reduced over rows
-// in row order. (block, row) pairs are bounded four at a time, rows fastest.
-// Scores of blocks [0, eligible): `heads` query rows (1 with mean reduction), max-reduced over rows
 // in row order. Blocks go strictly in memory order (the access pattern the prefetchers stream best);
 // with several rows, four rows share each pass over a block.
+// The scores go to the row's top-k heap (`heap`) four blocks at a time as they are written: the
+// heap's work then runs while the next blocks' bounds are on their way from memory (after the whole
+// scan it left the reads idle: 32K select 8-18% slower from memory, 5% faster from cache), and
+// small batches keep its branches out of the scoring loop.
+inline constexpr int64_t kOfferBatch = 4;
+
 template <typename TC>
 void score_blocks(const float* rows, int64_t heads, int64_t Dp, const TC* kmax, const TC* kmin, int64_t D,
-                  int64_t eligible, float* scores) {
+                  int64_t eligible, float* scores, SelectScratch& heap) {
   for (int64_t m = 0; m < eligible; ++m) {
     const TC* hi = kmax + m * D;
     const TC* lo = kmin + m * D;
@@ -105,6 +109,7 @@ void score_blocks(const float* rows, int64_t heads, int64_t Dp, const TC* kmax, 
     }
     for (; g < heads; ++g) score = max_select(bound1(rows + g * Dp, hi, lo, D), score);
     scores[m] = score;
+    if ((m + 1) % kOfferBatch == 0) heap.offer_until(scores, m + 1);
   }
 }
 
@@ -195,7 +200,7 @@ void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin
             if (prm.score == ScoreMode::Probe)
               probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query.data(), Dp, s.key, scores);
             else
-              score_blocks(s.query.data(), heads, Dp, kmax, kmin, D, eligible, scores);
+              score_blocks(s.query.data(), heads, Dp, kmax, kmin, D, eligible, scores, s);
           }
         });
       }
