@@ -281,7 +281,7 @@ def plot(rows, bandwidth, path):
         for kind, color in (("sparse_step", "tab:green"), ("dense", "tab:blue"), ("gqa", "tab:red")):
             points = sorted((r["context"], r["ms"]) for r in rows if r["kind"] == kind and r["dtype"] == dtype
                             and r["heads"] == "32/8/128" and r["threads"] == 1 and r.get("block_size", 32) == 32
-                            and r.get("top_k", 32) == 32)
+                            and r.get("top_k", 32) == 32 and r.get("group_reduce", "mean") == "mean")
             if points:
                 axes[0].plot(*zip(*points), style, marker="o", color=color, label=f"{kind} {dtype}")
     axes[0].set(xscale="log", yscale="log", xlabel="cached tokens", ylabel="ms per decode step (one layer)",
@@ -292,7 +292,8 @@ def plot(rows, bandwidth, path):
         values = []
         for kind in kinds:
             found = [r["gb_per_s"] for r in rows if r["kind"] == kind and r["dtype"] == dtype and r["threads"] == 1
-                     and r["context"] == 32768 and r.get("block_size", 32) == 32 and r["heads"] in ("32/8/128", "-/8/128")]
+                     and r["context"] == 32768 and r.get("block_size", 32) == 32 and r["heads"] in ("32/8/128", "-/8/128")
+                     and r.get("group_reduce", "mean") == "mean"]
             values.append(found[0] if found else 0)
         axes[1].bar(np.arange(len(kinds)) + 0.4 * offset, values, width=0.4, label=dtype)
     axes[1].axhline(bandwidth[1], color="black", linestyle=":", label=f"read bandwidth {bandwidth[1]:.0f} GB/s")
