@@ -18,7 +18,8 @@ import sys
 import numpy as np
 import onnxruntime as ort
 
-from harness import copies_for, gqa_decode_model, plain_session, read_bandwidth, time_rotating
+from harness import (blocks_per_kv_head, copies_for, gqa_decode_model, plain_session, read_bandwidth,
+                     time_rotating)
 from quest_ort.graphs import op_model
 from quest_ort.graphs.layer import LAYER_ALIASES, attention_layer_model
 from quest_ort.ops import native_kernel_isa
@@ -98,13 +99,6 @@ class Feeds:
         return self.fn(copy)
 
 
-def blocks_read(indices: np.ndarray, kv_heads: int) -> int:
-    """Distinct blocks SparseBlockAttention reads for one decode query: per KV head, the union of
-    its rows of block_indices [1, R, 1, K] (one row, or one per query head)."""
-    rows = indices.reshape(kv_heads, -1)
-    return sum(np.unique(row[row >= 0]).size for row in rows)
-
-
 def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list, group_reduce: str = "mean"):
     H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
     meta = cfg.metadata(P, rng)
@@ -150,7 +144,8 @@ def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list, gro
                                                          key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
                                                          past_lens=cfg.past_lens, block_indices=indices[c])))
     # Bytes it must read: every distinct selected block of each KV head, keys and values.
-    attended = int(cfg.cache_bytes(P) * np.mean([blocks_read(i, N) for i in indices]) / N)
+    blocks = [sum(b.size for b in blocks_per_kv_head(i[0, :, 0], N)) for i in indices]  # per decode query
+    attended = int(cfg.cache_bytes(P) * np.mean(blocks) / N)
     record("sparse_attention", time_rotating(run, cfg.copies), attended,
            reads_over_budget=round(attended / cfg.cache_bytes(P * K), 2))
 

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from harness import blocks_per_kv_head
 from quality_inputs import keys, natural_text, pass_key_prompt
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -212,11 +213,6 @@ def analysis_step(model, cache, token: int) -> list[tuple[np.ndarray, np.ndarray
     extra = [o.name for o in model.session.get_outputs()
              if o.name != model.sidecar.outputs["logits"] and not o.name.startswith("present")]
     return [(outputs[selected][0, :, 0], outputs[mass][0]) for selected, mass in zip(extra[0::2], extra[1::2])]
-
-
-def blocks_per_kv_head(selected: np.ndarray, kv_heads: int) -> list[np.ndarray]:
-    """The distinct blocks each KV head reads: its row, or the union of its query heads' rows."""
-    return [np.unique(rows[rows >= 0]) for rows in selected.reshape(kv_heads, -1)]
 
 
 def recall(model, cache, token: int) -> float:

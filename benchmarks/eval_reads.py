@@ -14,6 +14,7 @@ import argparse
 import numpy as np
 
 import eval_quality as quality
+from harness import blocks_per_kv_head
 from quality_inputs import keys, pass_key_prompt
 
 POLICIES = ("mean", "none")  # the bound score with a KV head's mean query, or each query head's own
@@ -25,7 +26,7 @@ def distinct_tokens(model, cache, token: int) -> list[int]:
     """Distinct tokens each (sparse layer, KV head) attends in one decode step (whole blocks)."""
     return [chosen.size * model.sidecar.block_size
             for selected, _ in quality.analysis_step(model, cache, token)
-            for chosen in quality.blocks_per_kv_head(selected, model.sidecar.kv_num_heads)]
+            for chosen in blocks_per_kv_head(selected, model.sidecar.kv_num_heads)]
 
 
 def main(argv=None):

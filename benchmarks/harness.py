@@ -19,6 +19,12 @@ LAST_LEVEL_CACHE = 32 * 1024 * 1024
 COLD_WORKING_SET = 4 * LAST_LEVEL_CACHE  # rotate among enough buffer copies to exceed the caches
 
 
+def blocks_per_kv_head(selected: np.ndarray, kv_heads: int) -> list[np.ndarray]:
+    """The distinct blocks each KV head reads from one query's block_indices rows [R, K]: its row,
+    or (R = H, a list per query head) the union of its query heads' rows."""
+    return [np.unique(rows[rows >= 0]) for rows in np.asarray(selected).reshape(kv_heads, -1)]
+
+
 def copies_for(bytes_per_copy: int, most: int = 16) -> int:
     """How many copies of a call's buffers to rotate so each call reads from memory, not cache."""
     return int(min(most, max(2, -(-COLD_WORKING_SET // max(bytes_per_copy, 1)))))

@@ -12,6 +12,7 @@ from quest_ort.ops.reference import quest_metadata
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 import eval_quality  # noqa: E402
+import harness  # noqa: E402
 import quality_inputs  # noqa: E402
 import quality_report  # noqa: E402
 
@@ -125,5 +126,5 @@ def test_a_run_of_some_configs_replaces_their_rows_and_keeps_the_rest(tmp_path):
 
 def test_a_kv_head_reads_the_union_of_its_query_heads_lists():
     selected = np.array([[0, 1, -1], [1, 2, -1]], np.int32)  # [R, K]
-    assert [b.tolist() for b in eval_quality.blocks_per_kv_head(selected, 1)] == [[0, 1, 2]]  # R = H = 2
-    assert [b.tolist() for b in eval_quality.blocks_per_kv_head(selected, 2)] == [[0, 1], [1, 2]]  # R = N
+    assert [b.tolist() for b in harness.blocks_per_kv_head(selected, 1)] == [[0, 1, 2]]  # R = H = 2
+    assert [b.tolist() for b in harness.blocks_per_kv_head(selected, 2)] == [[0, 1], [1, 2]]  # R = N
