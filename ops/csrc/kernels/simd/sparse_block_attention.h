@@ -307,14 +307,24 @@ inline void attended_blocks(const int32_t* row, int64_t K, int64_t P, int64_t p,
     if (row[j] >= 0 && row[j] * P <= p) out[count++] = row[j];
 }
 
-// Points the stream's prefetching at the block after `j` in `blocks` (if any).
+// The rows of `block` a query at p attends (up to p), keys then values.
 template <typename TC>
-void stream_into_next(RowStream<TC>& rows, const TC* key_cache, const int32_t* blocks, int64_t count, int64_t j,
-                      int64_t P, int64_t p, int64_t D) {
-  if (j + 1 >= count) return;
-  const int64_t next = blocks[j + 1] * P;
-  rows.next_keys = key_cache + next * D;
-  rows.next_count = std::min<int64_t>(next + P, p + 1) - next;
+RowStream<TC> block_rows(const TC* key_cache, const TC* value_cache, int64_t block, int64_t P, int64_t p, int64_t D) {
+  const int64_t first = block * P;
+  return {key_cache + first * D, value_cache + first * D, nullptr, std::min(first + P, p + 1) - first, 0, D};
+}
+
+// The rows of blocks[j] a query at p attends, prefetching on into blocks[j + 1] (if any).
+template <typename TC>
+RowStream<TC> listed_block_rows(const TC* key_cache, const TC* value_cache, const int32_t* blocks, int64_t count,
+                                int64_t j, int64_t P, int64_t p, int64_t D) {
+  RowStream<TC> rows = block_rows(key_cache, value_cache, blocks[j], P, p, D);
+  if (j + 1 < count) {
+    const RowStream<TC> next = block_rows(key_cache, value_cache, blocks[j + 1], P, p, D);
+    rows.next_keys = next.keys;
+    rows.next_count = next.count;
+  }
+  return rows;
 }
 
 // One query's G per-head lists (block_indices rows `lists`, `stride` apart), when each is strictly
@@ -354,9 +364,7 @@ bool attend_union(const SparseBlockAttentionParams& prm, const int32_t* lists, i
   const int64_t distinct = static_cast<int64_t>(s.blocks.size());
   for (int64_t j = 0; j < distinct; ++j) {
     const int32_t block = s.blocks[j];
-    const int64_t first = block * P;
-    RowStream<TC> rows{key_cache + first * D, value_cache + first * D, nullptr, std::min(first + P, p + 1) - first, 0, D};
-    stream_into_next(rows, key_cache, s.blocks.data(), distinct, j, P, p, D);
+    RowStream<TC> rows = listed_block_rows(key_cache, value_cache, s.blocks.data(), distinct, j, P, p, D);
     const auto chose = [&](int64_t g) {
       const int64_t next = s.head_next[g];
       return next < s.head_counts[g] && s.head_blocks[g * K + next] == block;
@@ -406,11 +414,6 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
     if (importance) std::fill(item_importance, item_importance + prm.num_blocks, 0.0f);
     const T* query = static_cast<const T*>(prm.query) + (b * H + n * G) * S * D;
     auto output = [&](int64_t i) { return static_cast<T*>(prm.output) + (b * S + i) * H * D + n * G * D; };
-    auto rows_of = [&](int64_t block, int64_t p) {
-      const int64_t first = block * P;
-      return RowStream<TC>{key_cache + first * D, value_cache + first * D, nullptr, std::min(first + P, p + 1) - first,
-                           0, D};
-    };
     for (int64_t i0 = 0; i0 < S; i0 += tile) {
       // Queries [i0, i1) that attend: positions before total (the rest output zeros).
       const int64_t i1 = std::min(S, i0 + tile);
@@ -426,7 +429,7 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
           for (int64_t j = 0; j < attending; ++j) {
             const int64_t p = past + i0 + j;
             if (m * P > p) continue;
-            RowStream<TC> rows = rows_of(m, p);
+            RowStream<TC> rows = block_rows(key_cache, value_cache, m, P, p, D);
             rows.prefetching = first_reader;
             if (m < last_block) {
               rows.next_keys = key_cache + (m + 1) * P * D;
@@ -454,8 +457,7 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
           attended_blocks(lists + (g0 / width) * S * K, K, P, p, s.blocks.data(), count);
           heads.masses->clear();
           for (int64_t j = 0; j < count; ++j) {
-            RowStream<TC> rows = rows_of(s.blocks[j], p);
-            stream_into_next(rows, key_cache, s.blocks.data(), count, j, P, p, D);
+            const RowStream<TC> rows = listed_block_rows(key_cache, value_cache, s.blocks.data(), count, j, P, p, D);
             attend_block(prm, rows, s.blocks[j], importance, width, Dp, Pp, s, heads);
           }
           finish_query(heads, width, D, Dp, output(i0) + g0 * D, item_importance);
