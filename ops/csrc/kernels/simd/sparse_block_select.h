@@ -10,13 +10,19 @@
 
 namespace quest::QUEST_ISA {
 
+// Query head g of KV head n's group at (b, i): a row of D values.
+template <typename T>
+const T* group_query_row(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t g, int64_t i) {
+  const int64_t G = prm.num_heads / prm.kv_heads, D = prm.head_dim, S = prm.query_len;
+  return static_cast<const T*>(prm.query) + ((b * prm.num_heads + n * G + g) * S + i) * D;
+}
+
 // The G query rows of (b, n, i), zero-padded, into rows [G][Dp].
 template <typename T>
 void load_group_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t i, std::vector<float>& rows) {
-  const int64_t G = prm.num_heads / prm.kv_heads, D = prm.head_dim, S = prm.query_len, Dp = padded(D);
-  const T* query = static_cast<const T*>(prm.query) + (((b * prm.num_heads) + n * G) * S + i) * D;
+  const int64_t G = prm.num_heads / prm.kv_heads, D = prm.head_dim, Dp = padded(D);
   rows.resize(G * Dp);
-  for (int64_t g = 0; g < G; ++g) load_padded(query + g * S * D, D, rows.data() + g * Dp);
+  for (int64_t g = 0; g < G; ++g) load_padded(group_query_row<T>(prm, b, n, g, i), D, rows.data() + g * Dp);
 }
 
 // The G query rows of (b, n, i), zero-padded; with mean reduction reduced to one row; with no
@@ -24,10 +30,10 @@ void load_group_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n, i
 template <typename T>
 int64_t load_query_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t i, int64_t own,
                         std::vector<float>& rows) {
-  const int64_t G = prm.num_heads / prm.kv_heads, D = prm.head_dim, S = prm.query_len, Dp = padded(D);
+  const int64_t G = prm.num_heads / prm.kv_heads, D = prm.head_dim, Dp = padded(D);
   if (prm.reduce == GroupReduce::None) {
     rows.resize(Dp);
-    load_padded(static_cast<const T*>(prm.query) + (((b * prm.num_heads) + n * G + own) * S + i) * D, D, rows.data());
+    load_padded(group_query_row<T>(prm, b, n, own, i), D, rows.data());
     return 1;
   }
   load_group_rows<T>(prm, b, n, i, rows);
@@ -84,9 +90,24 @@ QUEST_INLINE float bound1(const float* q, const TC* hi, const TC* lo, int64_t D)
   return acc.fold();
 }
 
+// The bound of each of `heads` query rows against one block, passed to emit(row, bound) in row
+// order: four rows share each read of the block, the one to three left go alone (bounds4 and
+// bound1 are the same canonical sum).
+template <typename TC, typename Emit>
+QUEST_INLINE void for_each_row_bound(const float* rows, int64_t heads, int64_t Dp, const TC* hi, const TC* lo,
+                                     int64_t D, Emit&& emit) {
+  int64_t g = 0;
+  for (; g + 4 <= heads; g += 4) {
+    const float* q = rows + g * Dp;
+    float bound[4];
+    bounds4(q, q + Dp, q + 2 * Dp, q + 3 * Dp, hi, hi, hi, hi, lo, lo, lo, lo, D, bound);
+    for (int64_t j = 0; j < 4; ++j) emit(g + j, bound[j]);
+  }
+  for (; g < heads; ++g) emit(g, bound1(rows + g * Dp, hi, lo, D));
+}
+
 // Scores of blocks [0, eligible): `heads` query rows (1 with mean reduction), max-reduced over rows
-// in row order. Blocks go strictly in memory order (the access pattern the prefetchers stream best);
-// with several rows, four rows share each pass over a block.
+// in row order. Blocks go strictly in memory order (the access pattern the prefetchers stream best).
 // The scores go to the row's top-k heap (`heap`) four blocks at a time as they are written: the
 // heap's work then runs while the next blocks' bounds are on their way from memory (after the whole
 // scan it left the reads idle: 32K select 8-18% slower from memory, 5% faster from cache), and
@@ -97,40 +118,22 @@ template <typename TC>
 void score_blocks(const float* rows, int64_t heads, int64_t Dp, const TC* kmax, const TC* kmin, int64_t D,
                   int64_t eligible, float* scores, SelectScratch& heap) {
   for (int64_t m = 0; m < eligible; ++m) {
-    const TC* hi = kmax + m * D;
-    const TC* lo = kmin + m * D;
-    float score = bound1(rows, hi, lo, D);
-    int64_t g = 1;
-    for (; g + 4 <= heads; g += 4) {
-      const float* q = rows + g * Dp;
-      float bound[4];
-      bounds4(q, q + Dp, q + 2 * Dp, q + 3 * Dp, hi, hi, hi, hi, lo, lo, lo, lo, D, bound);
-      for (const float b : bound) score = max_select(b, score);
-    }
-    for (; g < heads; ++g) score = max_select(bound1(rows + g * Dp, hi, lo, D), score);
+    float score = 0.0f;
+    for_each_row_bound(rows, heads, Dp, kmax + m * D, kmin + m * D, D,
+                       [&](int64_t g, float bound) { score = g == 0 ? bound : max_select(bound, score); });
     scores[m] = score;
     if ((m + 1) % kOfferBatch == 0) heap.offer_until(scores, m + 1);
   }
 }
 
 // Scores of blocks [0, eligible) for each of `heads` query rows on its own: scores[g * eligible + m].
-// One pass over the metadata for all the rows (four rows share each read of a block), where a pass
-// per row would read it `heads` times; every score is the same canonical sum bound1 returns.
+// One pass over the metadata for all the rows, where a pass per row would read it `heads` times.
 template <typename TC>
 void score_blocks_per_row(const float* rows, int64_t heads, int64_t Dp, const TC* kmax, const TC* kmin, int64_t D,
                           int64_t eligible, float* scores) {
-  for (int64_t m = 0; m < eligible; ++m) {
-    const TC* hi = kmax + m * D;
-    const TC* lo = kmin + m * D;
-    int64_t g = 0;
-    for (; g + 4 <= heads; g += 4) {
-      const float* q = rows + g * Dp;
-      float bound[4];
-      bounds4(q, q + Dp, q + 2 * Dp, q + 3 * Dp, hi, hi, hi, hi, lo, lo, lo, lo, D, bound);
-      for (int64_t j = 0; j < 4; ++j) scores[(g + j) * eligible + m] = bound[j];
-    }
-    for (; g < heads; ++g) scores[g * eligible + m] = bound1(rows + g * Dp, hi, lo, D);
-  }
+  for (int64_t m = 0; m < eligible; ++m)
+    for_each_row_bound(rows, heads, Dp, kmax + m * D, kmin + m * D, D,
+                       [&](int64_t g, float bound) { scores[g * eligible + m] = bound; });
 }
 
 // Probe scores, as the scalar kernel orders them: per block, probes in order, rows in order.
