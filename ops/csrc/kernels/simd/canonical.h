@@ -67,14 +67,6 @@ QUEST_INLINE void unrolled(F&& f) {
       std::make_integer_sequence<int, N>{});
 }
 
-// Prefetches one row of D values (one request per 64-byte line). The attention streams rows from
-// blocks that jump around the cache; asking a few rows ahead keeps enough loads in flight.
-template <typename T>
-QUEST_INLINE void prefetch_row(const T* row, int64_t D) {
-  const char* bytes = reinterpret_cast<const char*>(row);
-  for (int64_t offset = 0; offset < D * static_cast<int64_t>(sizeof(T)); offset += 64) __builtin_prefetch(bytes + offset, 0, 2);
-}
-
 // canonical_exp on every lane.
 QUEST_INLINE Lanes exp_lanes(Lanes x) {
   const Lanes lowest = Lanes::broadcast(-87.0f);
