@@ -90,16 +90,14 @@ struct RowStream {
   int64_t row_bytes() const { return D * static_cast<int64_t>(sizeof(TC)); }
 };
 
-// Logits of `Heads` query rows (from g) against every key row of the block; the pass that reads
-// the keys first (`stream`) prefetches the value rows.
+// Logits of `Heads` query rows (from g) against every key row of the block, each step of the
+// arithmetic prefetching its share of the value rows.
 template <int Heads, typename TC>
 QUEST_INLINE void head_logits(const float* queries, int64_t g, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
-                              float* logits, bool stream) {
+                              float* logits, SpreadPrefetch& values) {
   constexpr int kRows = Lanes::kTileRows;
   const TC* keys = rows.keys;
   const int64_t count = rows.count, D = rows.D;
-  const int64_t steps = (count / kRows + count % kRows) * ((D + kChunk - 1) / kChunk);
-  SpreadPrefetch values(stream && rows.prefetching ? rows.values : nullptr, count * rows.row_bytes(), steps);
   int64_t t = 0;
   for (; t + kRows <= count; t += kRows)
     logits_tile<Heads, kRows>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp, &values);
@@ -111,13 +109,16 @@ QUEST_INLINE void head_logits(const float* queries, int64_t g, int64_t Dp, const
 template <typename TC>
 void block_logits(const float* queries, int64_t G, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
                   const SparseBlockAttentionParams& prm, float* logits) {
+  constexpr int kRows = Lanes::kTileRows;
   const int64_t count = rows.count;
+  const int64_t steps = (G + 3) / 4 * (count / kRows + count % kRows) * ((rows.D + kChunk - 1) / kChunk);
+  SpreadPrefetch values(rows.prefetching ? rows.values : nullptr, count * rows.row_bytes(), steps);
   int64_t g = 0;
-  for (; g + 4 <= G; g += 4) head_logits<4>(queries, g, Dp, rows, Pp, logits, g == 0);
+  for (; g + 4 <= G; g += 4) head_logits<4>(queries, g, Dp, rows, Pp, logits, values);
   switch (G - g) {
-    case 3: head_logits<3>(queries, g, Dp, rows, Pp, logits, g == 0); break;
-    case 2: head_logits<2>(queries, g, Dp, rows, Pp, logits, g == 0); break;
-    case 1: head_logits<1>(queries, g, Dp, rows, Pp, logits, g == 0); break;
+    case 3: head_logits<3>(queries, g, Dp, rows, Pp, logits, values); break;
+    case 2: head_logits<2>(queries, g, Dp, rows, Pp, logits, values); break;
+    case 1: head_logits<1>(queries, g, Dp, rows, Pp, logits, values); break;
     default: break;
   }
   for (g = 0; g < G; ++g) {
