@@ -121,13 +121,14 @@ void block_logits(const float* queries, int64_t G, int64_t Dp, const RowStream<T
     case 1: head_logits<1>(queries, g, Dp, rows, Pp, logits, values); break;
     default: break;
   }
-  for (g = 0; g < G; ++g) {
-    for (int64_t t = 0; t < count; ++t) {
-      float logit = logits[g * Pp + t] * prm.scale;
-      if (prm.softcap > 0.0f) logit = prm.softcap * canonical_tanh(logit / prm.softcap);
-      logits[g * Pp + t] = logit;
-    }
-  }
+  // The scale on whole vectors (the lanes past count hold scratch, overwritten before any use).
+  const Lanes scale = Lanes::broadcast(prm.scale);
+  for (g = 0; g < G; ++g)
+    for (int64_t t = 0; t < count; t += kChunk) (Lanes::load(logits + g * Pp + t) * scale).store(logits + g * Pp + t);
+  if (prm.softcap > 0.0f)
+    for (g = 0; g < G; ++g)
+      for (int64_t t = 0; t < count; ++t)
+        logits[g * Pp + t] = prm.softcap * canonical_tanh(logits[g * Pp + t] / prm.softcap);
 }
 
 // accumulators[h] += weights[h * Pp + t] * value row t, for t = 0 .. count-1 in order, for `Heads`
