@@ -133,7 +133,8 @@ void block_logits(const float* queries, int64_t G, int64_t Dp, const RowStream<T
 
 // accumulators[h] += weights[h * Pp + t] * value row t, for t = 0 .. count-1 in order, for `Heads`
 // heads and `Chunks` 16-lane chunks from d: the accumulators stay in registers across the rows.
-template <int Heads, int Chunks, typename TC>
+// `Partial`: the chunks may run past D (zeros there); otherwise they are loaded unchecked.
+template <int Heads, int Chunks, bool Partial, typename TC>
 QUEST_INLINE void value_tile(const TC* values, int64_t count, int64_t D, int64_t d, const float* weights, int64_t Pp,
                              float* accumulators, int64_t Dp, SpreadPrefetch& ahead) {
   Lanes acc[Heads * Chunks];
@@ -146,7 +147,7 @@ QUEST_INLINE void value_tile(const TC* values, int64_t count, int64_t D, int64_t
     Lanes w[Heads];
     unrolled<Heads>([&](auto h) { w[h] = Lanes::broadcast(weights[h * Pp + t]); });
     unrolled<Chunks>([&](auto c) {
-      const Lanes x = load_row(v, d + c * kChunk, D);
+      const Lanes x = Partial ? load_row(v, d + c * kChunk, D) : Lanes::load(v + d + c * kChunk);
       unrolled<Heads>([&](auto h) { acc[h * Chunks + c] = acc[h * Chunks + c] + w[h] * x; });
     });
   }
@@ -167,10 +168,12 @@ QUEST_INLINE void head_values(const TC* values, int64_t count, int64_t D, int64_
                               int64_t Pp, float* accumulators, SpreadPrefetch& ahead) {
   constexpr int kChunks = Lanes::kValueChunks;
   int64_t d = 0;
+  for (; d + kChunks * kChunk <= D; d += kChunks * kChunk)
+    value_tile<Heads, kChunks, false>(values, count, D, d, weights, Pp, accumulators, Dp, ahead);
   for (; d + kChunks * kChunk <= Dp; d += kChunks * kChunk)
-    value_tile<Heads, kChunks>(values, count, D, d, weights, Pp, accumulators, Dp, ahead);
+    value_tile<Heads, kChunks, true>(values, count, D, d, weights, Pp, accumulators, Dp, ahead);
   for (; d < Dp; d += kChunk)
-    value_tile<Heads, 1>(values, count, D, d, weights, Pp, accumulators, Dp, ahead);
+    value_tile<Heads, 1, true>(values, count, D, d, weights, Pp, accumulators, Dp, ahead);
 }
 
 // Adds the block's weighted value rows to the G accumulators, in row order: four heads at a
