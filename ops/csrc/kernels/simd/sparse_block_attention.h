@@ -104,14 +104,20 @@ QUEST_INLINE void head_logits(const float* queries, int64_t g, int64_t Dp, const
   for (; t < count; ++t) logits_tile<Heads, 1>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp, &values);
 }
 
+// Steps head_logits makes for one group of heads (tiles of key rows x 16-lane chunks, one tick
+// each): what the group's share of the prefetches is spread over.
+inline int64_t key_pass_steps(int64_t count, int64_t D) {
+  constexpr int kRows = Lanes::kTileRows;
+  return (count / kRows + count % kRows) * ((D + kChunk - 1) / kChunk);
+}
+
 // Scaled (and soft-capped) logits [G][count] of the G query rows against key rows [0, count):
 // four heads at a time, then the one to three left.
 template <typename TC>
 void block_logits(const float* queries, int64_t G, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
                   const SparseBlockAttentionParams& prm, float* logits) {
-  constexpr int kRows = Lanes::kTileRows;
   const int64_t count = rows.count;
-  const int64_t steps = (G + 3) / 4 * (count / kRows + count % kRows) * ((rows.D + kChunk - 1) / kChunk);
+  const int64_t steps = (G + 3) / 4 * key_pass_steps(count, rows.D);
   SpreadPrefetch values(rows.prefetching ? rows.values : nullptr, count * rows.row_bytes(), steps);
   int64_t g = 0;
   for (; g + 4 <= G; g += 4) head_logits<4>(queries, g, Dp, rows, Pp, logits, values);
@@ -156,7 +162,8 @@ QUEST_INLINE void value_tile(const TC* values, int64_t count, int64_t D, int64_t
   });
 }
 
-// Passes head_values makes over the value rows: one per group of chunks.
+// Passes head_values makes over the value rows (one per group of chunks, a tick per row each):
+// what a group of heads' share of the prefetches is spread over.
 inline int64_t value_passes(int64_t Dp) {
   const int64_t group = Lanes::kValueChunks * kChunk;
   return Dp / group + (Dp % group) / kChunk;
