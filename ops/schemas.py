@@ -110,6 +110,13 @@ _TOTAL_LENS = Tensor(
     "valid tokens of each row after this call; default past_lens + S, smaller for padded rows",
     optional=True,
 )
+_EXACT_LENS = Tensor(
+    "exact_lens",
+    "int32",
+    ("B",),
+    "queries at positions below it attend exactly (every position up to their own); default 0, none",
+    optional=True,
+)
 _HEADS = (
     Attribute("num_heads", "int", "query heads H", minimum=1),
     Attribute("kv_num_heads", "int", "KV heads N; num_heads must be a multiple", minimum=1),
@@ -142,7 +149,8 @@ SPARSE_BLOCK_SELECT = OpSpec(
     doc=(
         "Pick, for every KV head (or, with group_reduce='none', every query head) and query position, "
         "the top_k blocks by the Quest upper bound sum_d max(q_d*kmax_d, q_d*kmin_d), after the forced "
-        "recent and sink blocks and the importance reservation. Output ascending, padded with -1."
+        "recent and sink blocks and the importance reservation. Output ascending, padded with -1; "
+        "all -1 for queries that attend exactly (positions below exact_lens)."
     ),
     inputs=(
         Tensor("query", "T", ("B", "H", "S", "D"), "queries, after RoPE and q-norm"),
@@ -159,6 +167,7 @@ SPARSE_BLOCK_SELECT = OpSpec(
         ),
         Tensor("key_cache", "TC", ("B", "N", "C", "D"), "the key cache before this call (score='probe')", optional=True),
         Tensor("key", "T", ("B", "N", "S", "D"), "this call's new keys (score='probe')", optional=True),
+        _EXACT_LENS,
     ),
     outputs=(
         Tensor("block_indices", "int32", ("B", "R", "S", "K"),
@@ -210,8 +219,9 @@ SPARSE_BLOCK_ATTENTION = OpSpec(
     name="SparseBlockAttention",
     doc=(
         "Write the new keys and values into the caches at their positions, then let every valid "
-        "query attend causally to the cache positions of its selected blocks (all blocks when "
-        "block_indices is absent). Softmax in float32 over exactly the attended set."
+        "query attend causally to the cache positions of its selected blocks, or to every position up "
+        "to its own when it attends exactly (block_indices absent, or its position below exact_lens). "
+        "Softmax in float32 over exactly the attended set."
     ),
     inputs=(
         Tensor("query", "T", ("B", "H", "S", "D"), "queries, after RoPE and q-norm"),
@@ -225,10 +235,11 @@ SPARSE_BLOCK_ATTENTION = OpSpec(
             "int32",
             ("B", "R", "S", "K"),
             "blocks each query may attend (SparseBlockSelect output): R = N, shared by a KV head's G query "
-            "heads, or R = H, each query head its own; absent: dense causal",
+            "heads, or R = H, each query head its own; absent: every query attends exactly",
             optional=True,
         ),
         _TOTAL_LENS,
+        _EXACT_LENS,
     ),
     outputs=(
         Tensor("output", "T", ("B", "S", "HD"), "attention output, heads concatenated"),

@@ -24,6 +24,8 @@ FORCED = (0, 1, 2)
 REDUCES = ("mean", "max", "none")
 DTYPES = (("float32", "float32"), ("float16", "float16"), ("float32", "float16"), ("float16", "float32"))
 BATCHES = (1, 3)
+# exact_lens: absent, 0 (given, nothing exact), every query of the call, or its first half.
+EXACT = ("none", "none", "zero", "all", "half")
 
 AXES = {
     "batch": BATCHES,
@@ -41,6 +43,7 @@ AXES = {
     "score": ("bound", "bound", "probe"),
     "num_probes": (3, 8),
     "dtypes": DTYPES,
+    "exact": EXACT,
 }
 
 # Keep each case's largest function-body tensor near this many elements (about 100 MB fp32).
@@ -65,6 +68,7 @@ class Case:
     score: str
     num_probes: int
     dtypes: tuple[str, str]
+    exact: str
 
     @property
     def id(self) -> str:
@@ -74,6 +78,7 @@ class Case:
             f"-S{self.new_tokens}-K{self.top_k.split()[0]}-s{self.sink}r{self.recent}-{self.reduce}"
             f"{'-imp' if self.importance else ''}{'-eq' if self.equal_scores else ''}"
             f"{f'-probe{self.num_probes}' if self.score == 'probe' else ''}-{self.dtypes[0][5:]}{self.dtypes[1][5:]}"
+            f"{'' if self.exact == 'none' else '-x' + self.exact}"
         )
 
     def past_lens(self) -> np.ndarray:
@@ -91,6 +96,15 @@ class Case:
         total = self.past_lens() + self.new_tokens
         total[-1] -= (self.new_tokens + 1) // 2
         return total.astype(np.int32)
+
+    def exact_lens(self) -> np.ndarray | None:
+        """Positions below which the call's queries attend exactly (at most total_lens)."""
+        if self.exact == "none":
+            return None
+        past = self.past_lens()
+        total = self.total_lens() if self.total_lens() is not None else past + self.new_tokens
+        exact = {"zero": np.zeros_like(past), "all": total, "half": np.minimum(past + self.new_tokens // 2, total)}
+        return exact[self.exact].astype(np.int32)
 
     def capacity(self) -> int:
         """Room for the longest row plus a partial block, so the last block is not full."""
@@ -173,6 +187,7 @@ class CaseData:
     past_lens: np.ndarray
     total_lens: np.ndarray | None
     block_importance: np.ndarray | None
+    exact_lens: np.ndarray | None
 
 
 def make_data(case: Case, seed: int = 0) -> CaseData:
@@ -210,6 +225,7 @@ def make_data(case: Case, seed: int = 0) -> CaseData:
         past_lens=past,
         total_lens=case.total_lens(),
         block_importance=importance,
+        exact_lens=case.exact_lens(),
     )
 
 
@@ -235,7 +251,8 @@ def select_args(data: CaseData) -> tuple[dict, dict]:
     return (
         dict(query=data.query, block_max=block_max, block_min=block_min, past_lens=data.past_lens,
              total_lens=data.total_lens, block_importance=data.block_importance,
-             key_cache=data.key_cache if probe else None, key=data.key if probe else None),
+             key_cache=data.key_cache if probe else None, key=data.key if probe else None,
+             exact_lens=data.exact_lens),
         select_attributes(data.case),
     )
 
@@ -250,7 +267,7 @@ def attention_args(data: CaseData, sparse: bool = True) -> tuple[dict, dict]:
     return (
         dict(query=data.query, key=data.key, value=data.value, key_cache=data.key_cache,
              value_cache=data.value_cache, past_lens=data.past_lens, block_indices=indices,
-             total_lens=data.total_lens),
+             total_lens=data.total_lens, exact_lens=data.exact_lens),
         dict(num_heads=H, kv_num_heads=N, block_size=data.case.block_size),
     )
 

@@ -29,7 +29,8 @@ def write_case(directory: pathlib.Path, op_name, inputs, attributes, case, total
                   K=0 if inputs.get("block_indices") is None and op_name == "SparseBlockAttention" else case.k(),
                   sink_blocks=case.sink, recent_blocks=case.recent, group_reduce=case.reduce,
                   importance_fraction=attributes.get("importance_fraction", 0.0),
-                  with_importance=int(inputs.get("block_importance") is not None), scale=0.0, softcap=0.0,
+                  with_importance=int(inputs.get("block_importance") is not None),
+                  with_exact=int(inputs.get("exact_lens") is not None), scale=0.0, softcap=0.0,
                   score=case.score, num_probes=case.num_probes, **extra)
     if op_name == "SparseBlockAttention":
         fields["scale"] = float(np.float32(1.0) / np.sqrt(np.float32(case.head_dim)))

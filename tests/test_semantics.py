@@ -19,14 +19,15 @@ def _metadata(bounds):
 
 
 def _select(impl, bounds, *, top_k, sink=1, recent=1, past=31, new_tokens=1, total=None, importance=None,
-            fraction=0.0, query=None, heads=1, reduce="mean", row=0):
+            fraction=0.0, query=None, heads=1, reduce="mean", row=0, exact=None):
     block_max, block_min = _metadata(bounds)
     if query is None:
         query = np.ones((1, heads, new_tokens, D), np.float32)
     inputs = dict(query=query, block_max=block_max, block_min=block_min,
                   past_lens=np.array([past], np.int32),
                   total_lens=None if total is None else np.array([total], np.int32),
-                  block_importance=None if importance is None else np.asarray(importance, np.float32)[None, None])
+                  block_importance=None if importance is None else np.asarray(importance, np.float32)[None, None],
+                  exact_lens=None if exact is None else np.array([exact], np.int32))
     attributes = dict(num_heads=heads, kv_num_heads=1, block_size=P, top_k=top_k, sink_blocks=sink,
                       recent_blocks=recent, group_reduce=reduce, importance_fraction=fraction)
     return run(impl, "SparseBlockSelect", inputs, attributes)["block_indices"][0, row]
@@ -106,6 +107,14 @@ def test_positions_follow_past_lens_and_padding(impl):
 
 
 @EACH_IMPLEMENTATION
+def test_queries_below_exact_lens_select_nothing(impl):
+    # positions 28..31 (own blocks 7); exact_lens 30: the first two attend exactly, the others select
+    rows = _select(impl, BOUNDS, top_k=3, past=28, new_tokens=4, exact=30)
+    assert rows.tolist() == [[-1, -1, -1], [-1, -1, -1], [0, 2, 7], [0, 2, 7]]
+    assert _select(impl, BOUNDS, top_k=3, past=28, new_tokens=4, exact=0).tolist() == [[0, 2, 7]] * 4
+
+
+@EACH_IMPLEMENTATION
 def test_group_reduce_mean_and_max(impl):
     # head 0 queries +1s, head 1 queries -1s: the mean query is 0 (every bound 0, ties),
     # the max takes max(sum kmax, -sum kmin) = bounds[m] (kmin = bound/D - 100 makes -sum kmin large)
@@ -126,10 +135,11 @@ def test_group_reduce_none_selects_for_each_query_head(impl):
 
 
 def _attention(impl, key_cache, value_cache, *, past, query, key, value, indices=None, total=None, softcap=0.0,
-               block_size=P):
+               block_size=P, exact=None):
     inputs = dict(query=query, key=key, value=value, key_cache=key_cache, value_cache=value_cache,
                   past_lens=np.array([past], np.int32), block_indices=indices,
-                  total_lens=None if total is None else np.array([total], np.int32))
+                  total_lens=None if total is None else np.array([total], np.int32),
+                  exact_lens=None if exact is None else np.array([exact], np.int32))
     attributes = dict(num_heads=query.shape[1], kv_num_heads=1, block_size=block_size, scale=1.0, softcap=softcap)
     return run(impl, "SparseBlockAttention", inputs, attributes,
                outputs=("output", "key_cache_out", "value_cache_out", "block_importance"))
@@ -177,6 +187,24 @@ def test_sparse_attention_reads_only_selected_blocks(impl):
     got = _attention(impl, keys, values, past=14, query=query, key=keys[:, :, 14:15], value=values[:, :, 14:15],
                      indices=indices)
     np.testing.assert_allclose(got["output"][0, 0, 1], _expected_mean_position([0, 1, 2, 3, 12, 13, 14]), rtol=1e-5)
+
+
+@EACH_IMPLEMENTATION
+def test_queries_below_exact_lens_attend_every_position(impl):
+    # Positions 13 and 14 with one selected block each; exact_lens 14 makes position 13 attend every
+    # position up to its own (its -1 row is ignored), while position 14 keeps to block 0.
+    keys, values = _one_hot_caches()
+    query = np.zeros((1, 1, 2, D), np.float32)
+    query[..., 0] = 1.0
+    indices = np.array([[[[-1], [0]]]], np.int32)
+    got = _attention(impl, keys, values, past=13, query=query, key=keys[:, :, 13:15], value=values[:, :, 13:15],
+                     indices=indices, exact=14)
+    np.testing.assert_allclose(got["output"][0, 0, 1], _expected_mean_position(list(range(14))), rtol=1e-5)
+    np.testing.assert_allclose(got["output"][0, 1, 1], _expected_mean_position([0, 1, 2, 3]), rtol=1e-5)
+    # importance: position 13's mass over blocks 0..3, position 14's all on block 0
+    weights = np.exp(np.arange(14) / 8)
+    shares = [weights[m * P:(m + 1) * P].sum() / weights.sum() for m in range(4)]
+    np.testing.assert_allclose(got["block_importance"][0, 0], [shares[0] + 1.0, *shares[1:]], rtol=1e-5)
 
 
 @EACH_IMPLEMENTATION

@@ -4,7 +4,7 @@
 ```
 key/value -Cast(TC)-ScatterElements(axis=2) into [cache ; dummy row C]-Slice(:C)-> cache_out
 query -Cast(f32)-Reshape[B,N,G,S,D]-MatMul(K^T)*scale-(softcap)-Where(mask, ., -inf)-softmax
-   mask = causal (t <= p, valid query) AND block(t) in block_indices[b, n or h, s]
+   mask = causal (t <= p, valid query) AND (block(t) in block_indices[b, n or h, s] OR p < exact_lens[b])
 probabilities -MatMul(V)-Transpose-Reshape[B,S,H*D]-Cast(T)-> output
 probabilities -ReduceSum(G, S)-Pad(M*P)-Reshape[B,N,M,P]-ReduceSum-> block_importance
 ```
@@ -30,6 +30,7 @@ def sparse_block_attention_body(
     past_lens,
     block_indices=None,
     total_lens=None,
+    exact_lens=None,
     *,
     num_heads: int,
     kv_num_heads: int,
@@ -72,7 +73,12 @@ def sparse_block_attention_body(
         hits = op.Equal(op.Unsqueeze(rows, ints(op, 5)), block_ids)  # [B, N, R/N, S, K, M]
         chosen = op.Cast(op.ReduceMax(op.Cast(hits, to=ir.DataType.INT32), ints(op, 4), keepdims=0), to=ir.DataType.BOOL)
         row_block = op.Div(cache_rows, const(op, block_size, np.int64))
-        mask = op.And(mask, op.Gather(chosen, row_block, axis=4))  # [B, N, 1 or G, S, C]
+        selected = op.Gather(chosen, row_block, axis=4)  # [B, N, 1 or G, S, C]
+        if exact_lens is not None:  # queries below exact_lens attend every position up to their own
+            exact = op.Less(pos, op.Unsqueeze(op.Cast(exact_lens, to=I64), ints(op, 1)))  # [B, S]
+            selected = op.Or(selected, op.Reshape(exact, op.Concat(dim(op, exact, 0), ints(op, 1, 1), dim(op, exact, 1),
+                                                                   ints(op, 1), axis=0)))
+        mask = op.And(mask, selected)
 
     neg_inf = const(op, -np.inf, np.float32)
     masked = op.Where(mask, logits, neg_inf)

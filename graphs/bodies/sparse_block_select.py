@@ -5,7 +5,7 @@
 query -Cast(f32)-Reshape[B,N,G,S,D] -(mean: CumSum over G, last, /G)-.
 block_max, block_min -Cast(f32)------------------------------------ Where(a>b,a,b) -lane_sum-> per-head
    bounds [B,N,G',S,M] -(max: Where(s_g>s, s_g, s) over g)-> scores [B,N,S,M]
-positions -> eligible, forced (recent newest first, then sinks) -rank<K-> kept forced
+positions (valid, not below exact_lens) -> eligible, forced (recent newest first, then sinks) -rank<K-> kept forced
 importance (optional) -rank among the rest < floor(f * remaining)-> importance picks
 scores -rank among the rest < quota-> score picks
 chosen mask -TopK(M - m)-> ascending block ids, -1 where unchosen, padded to K
@@ -121,6 +121,7 @@ def sparse_block_select_body(
     block_importance=None,
     key_cache=None,
     key=None,
+    exact_lens=None,
     *,
     num_heads: int,
     kv_num_heads: int,
@@ -142,12 +143,16 @@ def sparse_block_select_body(
 
         return sparse_block_select_body(
             op, query, per_head(block_max, 4), per_head(block_min, 4), past_lens, total_lens,
-            per_head(block_importance, 3), per_head(key_cache, 4), per_head(key, 4), num_heads=num_heads,
+            per_head(block_importance, 3), per_head(key_cache, 4), per_head(key, 4), exact_lens, num_heads=num_heads,
             kv_num_heads=num_heads, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
             recent_blocks=recent_blocks, group_reduce="mean", importance_fraction=importance_fraction, score=score,
             num_probes=num_probes)
     M = dim(op, block_max, 2)
     pos, valid = positions(op, past_lens, total_lens, dim(op, query, 2))
+    if score == "probe":  # probes read the keys of every valid position, exact ones included
+        probe_valid = valid
+    if exact_lens is not None:  # queries below exact_lens attend exactly: they select nothing
+        valid = op.And(valid, op.GreaterOrEqual(pos, op.Unsqueeze(op.Cast(exact_lens, to=I64), ints(op, 1))))
     current = op.Unsqueeze(op.Div(pos, const(op, block_size, np.int64)), ints(op, 1, 3))  # [B, 1, S, 1]
     blocks = op.Range(const(op, 0, np.int64), op.Squeeze(M, ints(op, 0)), const(op, 1, np.int64))  # [M]
     eligible = op.And(op.LessOrEqual(blocks, current), op.Unsqueeze(valid, ints(op, 1, 3)))  # [B, 1, S, M]
@@ -175,7 +180,7 @@ def sparse_block_select_body(
         remaining = op.Sub(remaining, quota)
 
     if score == "probe":
-        scores = _probe_scores(op, query, key_cache, key, pos, valid, M, num_heads, kv_num_heads, group_reduce,
+        scores = _probe_scores(op, query, key_cache, key, pos, probe_valid, M, num_heads, kv_num_heads, group_reduce,
                                block_size, num_probes)
     else:
         scores = _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce)

@@ -66,6 +66,17 @@ def resolve_total_lens(
     return total
 
 
+def resolve_exact_lens(exact_lens: np.ndarray | None, total: np.ndarray) -> np.ndarray:
+    """Validate `exact_lens` (0 <= exact_lens[b] <= total_lens[b]); absent means 0: no query
+    attends exactly. Raises ValueError naming the input, like the kernels."""
+    if exact_lens is None:
+        return np.zeros_like(total)
+    exact = np.asarray(exact_lens, dtype=np.int64)
+    if (exact < 0).any() or (exact > total).any():
+        raise ValueError(f"exact_lens must lie in [0, total_lens], got {exact.tolist()} with total_lens {total.tolist()}")
+    return exact
+
+
 def valid_positions(past: int, total: int):
     """(i, p) for every valid new token of a row: call index i at absolute position p."""
     return [(p - past, p) for p in range(past, total)]

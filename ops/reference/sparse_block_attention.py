@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import resolve_total_lens, valid_positions
+from ._common import resolve_exact_lens, resolve_total_lens, valid_positions
 
 
 def attended_positions(row_indices, p, block_size):
@@ -46,6 +46,7 @@ def sparse_block_attention(
     past_lens,
     block_indices=None,
     total_lens=None,
+    exact_lens=None,
     *,
     num_heads,
     kv_num_heads,
@@ -54,6 +55,9 @@ def sparse_block_attention(
     softcap=0.0,
 ):
     """Return (output [B,S,H*D], key_cache_out, value_cache_out, block_importance [B,N,ceil(C/P)]).
+
+    A query attends exactly (every position up to its own) without block_indices, or when its
+    position is below exact_lens[b]; else the positions of its selected blocks.
 
     Attention is computed in float64 on the values the caches hold (new keys and values rounded to
     the cache dtype), so the kernels' float32 arithmetic is measured against the exact result.
@@ -65,6 +69,7 @@ def sparse_block_attention(
     assert H == num_heads and H % N == 0
     total = resolve_total_lens(past_lens, total_lens, S, C, "the cache capacity C")
     check_block_indices(block_indices, M, H, N)
+    exact = resolve_exact_lens(exact_lens, total)
     per_head = block_indices is not None and block_indices.shape[1] == H
     kc, vc = key_cache.copy(), value_cache.copy()
     for b in range(B):
@@ -80,7 +85,8 @@ def sparse_block_attention(
             # Query heads that share their blocks: a KV head's G heads, or each head alone (per_head).
             for first in range(0, H, 1 if per_head else G):
                 heads, n = slice(first, first + (1 if per_head else G)), first // G
-                row = None if block_indices is None else block_indices[b, first if per_head else n, i]
+                sparse = block_indices is not None and p >= exact[b]  # else every position up to p
+                row = block_indices[b, first if per_head else n, i] if sparse else None
                 pos = attended_positions(row, p, P)
                 if pos.size == 0:
                     continue

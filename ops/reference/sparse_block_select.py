@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ._common import fmax, lane_sum, resolve_total_lens
+from ._common import fmax, lane_sum, resolve_exact_lens, resolve_total_lens
 
 
 def bound_scores(query, block_max, block_min, kv_num_heads, group_reduce):
@@ -126,11 +126,12 @@ def sparse_block_select(
     importance_fraction=0.0,
     key_cache=None,
     key=None,
+    exact_lens=None,
     score="bound",
     num_probes=8,
 ):
     """Return block_indices [B, R, S, top_k] int32: chosen blocks ascending, -1 padded; R = N, or H
-    with group_reduce="none"."""
+    with group_reduce="none". Queries at positions below exact_lens[b] attend exactly: all -1."""
     B, H, S, _ = query.shape
     N, M = kv_num_heads, block_max.shape[2]
     assert H == num_heads and H % N == 0
@@ -143,7 +144,8 @@ def sparse_block_select(
             query, per_head(block_max), per_head(block_min), past_lens, total_lens, per_head(block_importance),
             num_heads=H, kv_num_heads=H, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
             recent_blocks=recent_blocks, group_reduce="mean", importance_fraction=importance_fraction,
-            key_cache=per_head(key_cache), key=per_head(key), score=score, num_probes=num_probes)
+            key_cache=per_head(key_cache), key=per_head(key), exact_lens=exact_lens, score=score,
+            num_probes=num_probes)
     total = resolve_total_lens(past_lens, total_lens, S, M * block_size, "M * block_size")
     if score == "probe":
         if key_cache is None or key is None:
@@ -153,12 +155,13 @@ def sparse_block_select(
         cached = key_cache.astype(np.float32)
     else:
         scores = bound_scores(query, block_max, block_min, N, group_reduce)
+    exact = resolve_exact_lens(exact_lens, total)
     out = np.full((B, N, S, top_k), -1, dtype=np.int32)
     for b in range(B):
         past = int(past_lens[b])
         for i in range(S):
             p = past + i
-            if p >= total[b]:
+            if p >= total[b] or p < exact[b]:
                 continue
             for n in range(N):
                 importance = None if block_importance is None else block_importance[b, n]

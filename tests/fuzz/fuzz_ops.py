@@ -79,6 +79,10 @@ def _plausible_ints(fdp, name: str, shape, dims: dict, earlier: dict) -> np.ndar
     if name == "total_lens" and "past_lens" in earlier and earlier["past_lens"].shape == tuple(shape):
         return earlier["past_lens"].astype(np.int64) + np.array([fdp.ConsumeIntInRange(0, new_tokens) for _ in range(size)],
                                                                  np.int64).reshape(shape)
+    if name == "exact_lens" and "past_lens" in earlier and earlier["past_lens"].shape == tuple(shape):
+        # from before the call to its end: all, some or none of its queries attend exactly
+        return earlier["past_lens"].astype(np.int64) + np.array(
+            [fdp.ConsumeIntInRange(-1, new_tokens) for _ in range(size)], np.int64).reshape(shape)
     values = [fdp.ConsumeIntInRange(0, max(0, limit - new_tokens)) for _ in range(min(size, 64))]
     return np.resize(np.array(values or [0], dtype=np.int64), shape)
 

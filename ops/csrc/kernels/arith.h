@@ -1,7 +1,9 @@
 // The canonical fp32 arithmetic every kernel variant reproduces bit for bit (see docs/ops.md).
 //
-// No fused multiply-add anywhere (the library builds with -ffp-contract=off): a SIMD variant that
-// does `acc = acc + a * b` lane by lane rounds exactly like this scalar code.
+// The compiler never fuses on its own (the library builds with -ffp-contract=off): the selection
+// scores are `acc = acc + a * b` lane by lane, and the attention's multiply-adds are explicit fused
+// ones (std::fma here, one FMA instruction per lane in the SIMD variants), which round once, the
+// same on every instruction set.
 #pragma once
 
 #include <cmath>
@@ -23,6 +25,8 @@ inline float min_select(float a, float b) { return a < b ? a : b; }
 struct LaneSum {
   float lane[kLanes] = {};
   void add(int64_t d, float term) { lane[d & (kLanes - 1)] += term; }
+  // lane = fma(a, b, lane): the attention's fused dot products.
+  void fused(int64_t d, float a, float b) { lane[d & (kLanes - 1)] = std::fma(a, b, lane[d & (kLanes - 1)]); }
   float fold() {
     for (int width = kLanes / 2; width >= 1; width /= 2)
       for (int i = 0; i < width; ++i) lane[i] = lane[i] + lane[i + width];
@@ -51,6 +55,21 @@ inline float canonical_dot(const TA* a, const TB* b, int64_t n) {
   for (int64_t d = 0; d < n; ++d) sum.add(d, to_float(a[d]) * to_float(b[d]));
   return sum.fold();
 }
+
+// The attention's dot product: lane l accumulates fma(a[d], b[d], lane) for d = l, l + 16, ... in
+// increasing d, over the rows zero-padded to a multiple of 16 (as the SIMD variants load them),
+// then the canonical fold.
+template <typename TA, typename TB>
+inline float fused_dot(const TA* a, const TB* b, int64_t n) {
+  LaneSum sum;
+  const int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
+  for (int64_t d = 0; d < padded; ++d) sum.fused(d, d < n ? to_float(a[d]) : 0.0f, d < n ? to_float(b[d]) : 0.0f);
+  return sum.fold();
+}
+
+// Positions per step of the exact (dense causal) attention walk: a query at p attends the tiles
+// [64 j, 64 j + 64) for j = 0 .. p / 64, each one online-softmax step, whatever the block size.
+inline constexpr int64_t kExactTile = 64;
 
 // exp(x) for the softmax, where x <= 0: range reduction by ln 2 and a degree-6 polynomial, with
 // mul and add only so that every SIMD variant can repeat it exactly. Below -87 (and for NaN) it

@@ -33,9 +33,11 @@ std::vector<const KernelTable*> supported_kernels() {
   std::vector<const KernelTable*> tables;
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  const bool f16c = __builtin_cpu_supports("f16c");
-  if (__builtin_cpu_supports("avx512f") && f16c) tables.push_back(&avx512_kernels());
-  if (__builtin_cpu_supports("avx2") && f16c) tables.push_back(&avx2_kernels());
+  // F16C for float16 storage; FMA3 for the attention's fused multiply-adds (every AVX2 CPU has it,
+  // but it is a feature bit of its own).
+  const bool f16c_fma = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+  if (__builtin_cpu_supports("avx512f") && f16c_fma) tables.push_back(&avx512_kernels());
+  if (__builtin_cpu_supports("avx2") && f16c_fma) tables.push_back(&avx2_kernels());
 #elif defined(__aarch64__)
   tables.push_back(&neon_kernels());  // NEON is part of every AArch64 CPU
 #endif

@@ -15,6 +15,7 @@ struct SparseBlockAttentionParams {
   const int32_t* past_lens = nullptr;      // [B]
   const int32_t* total_lens = nullptr;     // [B], resolved (never null), validated by the adapter
   const int32_t* block_indices = nullptr;  // [B, R, S, K] validated, or null for dense causal
+  const int32_t* exact_lens = nullptr;     // [B] validated, or null: positions below attend exactly
   bool per_head_indices = false;           // R = H (each query head its own blocks), else R = N
   DType activation_type = DType::F32, cache_type = DType::F32;
   const void* query = nullptr;  // [B, H, S, D] activation_type
@@ -36,6 +37,15 @@ inline int64_t rows_per_block(const SparseBlockAttentionParams& params) {
 // Query heads of a KV head that attend one list of blocks together: the G heads, or each alone.
 inline int64_t heads_per_block_list(const SparseBlockAttentionParams& params) {
   return params.per_head_indices ? 1 : params.num_heads / params.kv_heads;
+}
+
+// Queries [0, n) of row b attend exactly (every position up to their own, in tiles of kExactTile):
+// all of them without block_indices, else those at positions below exact_lens[b].
+inline int64_t exact_queries(const SparseBlockAttentionParams& params, int64_t b) {
+  if (params.block_indices == nullptr) return params.query_len;
+  if (params.exact_lens == nullptr) return 0;
+  const int64_t n = static_cast<int64_t>(params.exact_lens[b]) - params.past_lens[b];
+  return n < 0 ? 0 : n < params.query_len ? n : params.query_len;
 }
 
 // Writes the valid new keys/values of work items [begin, end), one per (b, n), into the caches.

@@ -21,6 +21,7 @@ struct SparseBlockSelectParams {
   float importance_fraction = 0.0f;
   const int32_t* past_lens = nullptr;         // [B]
   const int32_t* total_lens = nullptr;        // [B], resolved (never null), validated by the adapter
+  const int32_t* exact_lens = nullptr;        // [B] or null: queries below attend exactly, select nothing
   const float* block_importance = nullptr;    // [B, N, M] or null
   DType query_type = DType::F32, cache_type = DType::F32;
   const void* query = nullptr;      // [B, H, S, D] query_type
@@ -50,6 +51,11 @@ inline int64_t probe_count(int64_t block, int64_t p, int64_t P, int64_t num_prob
 inline int64_t probe_position(int64_t block, int64_t p, int64_t P, int64_t num_probes, int64_t j) {
   const int64_t n = probe_span(block, p, P);
   return n <= num_probes ? block * P + j : block * P + (j * n) / num_probes;
+}
+
+// True when the query at position p of row b attends exactly: its output row is all -1.
+inline bool attends_exactly(const SparseBlockSelectParams& prm, int64_t b, int64_t p) {
+  return prm.exact_lens != nullptr && p < prm.exact_lens[b];
 }
 
 // Selects for work items [begin, end), one item per (b, n) = b * kv_heads + n.

@@ -259,6 +259,21 @@ std::vector<int32_t> resolve_total_lens(const BoundInputs& in, int past_index, i
   return total;
 }
 
+const int32_t* check_exact_lens(const BoundInputs& in, int exact_index, const std::vector<int32_t>& total) {
+  if (!in[exact_index].present()) return nullptr;
+  const int32_t* exact = in[exact_index].as<int32_t>();
+  for (size_t b = 0; b < total.size(); ++b) {
+    if (exact[b] < 0 || exact[b] > total[b]) {
+      std::string row = "[";
+      row += std::to_string(b);
+      row += "]";
+      in.fail("input 'exact_lens'" + row + " = " + std::to_string(exact[b]) + " is outside [0, total_lens" + row +
+              " = " + std::to_string(total[b]) + "]");
+    }
+  }
+  return exact;
+}
+
 void* allocate_output(OrtKernelContext* context, const BoundInputs& in, int index) {
   Ort::KernelContext ctx(context);
   const std::vector<int64_t> shape = in.output_shape(index);

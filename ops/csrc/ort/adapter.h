@@ -79,6 +79,10 @@ class BoundInputs {
 std::vector<int32_t> resolve_total_lens(const BoundInputs& in, int past_index, int total_index,
                                         int64_t new_tokens, int64_t limit, const char* limit_name);
 
+// Validates the optional exact_lens (0 <= exact_lens[b] <= total[b], the resolved total_lens);
+// returns its data, or null when it is absent.
+const int32_t* check_exact_lens(const BoundInputs& in, int exact_index, const std::vector<int32_t>& total);
+
 // Allocates output `index` with its schema shape; returns its data pointer.
 void* allocate_output(OrtKernelContext* context, const BoundInputs& in, int index);
 // True when the output buffer is bound to the same memory as the input (IOBinding in place).

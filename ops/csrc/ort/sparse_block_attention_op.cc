@@ -59,6 +59,7 @@ void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
   const std::vector<int32_t> total =
       resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, C, "the cache capacity C (key_cache dim 2)");
   check_block_indices(in, num_blocks);
+  const int32_t* exact_lens = check_exact_lens(in, io::in::exact_lens, total);
 
   void* output = allocate_output(context, in, io::out::output);
   void* key_cache = allocate_output(context, in, io::out::key_cache_out);
@@ -89,6 +90,7 @@ void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
   params.past_lens = in[io::in::past_lens].as<int32_t>();
   params.total_lens = total.data();
   params.block_indices = in[io::in::block_indices].as<int32_t>();
+  params.exact_lens = exact_lens;
   params.per_head_indices = params.block_indices != nullptr && in.dim("R") != N;
   params.top_k = in[io::in::block_indices].present() ? in.dim("K") : 0;
   params.activation_type = in.activation_type();

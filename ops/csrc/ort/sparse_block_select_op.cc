@@ -24,6 +24,7 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
       in.fail("score='probe' needs the inputs 'key_cache' and 'key'");
     resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, in.dim("C"), "the cache capacity C (key_cache dim 2)");
   }
+  const int32_t* exact_lens = check_exact_lens(in, io::in::exact_lens, total);
   auto* indices = static_cast<int32_t*>(allocate_output(context, in, io::out::block_indices));
   if (S == 0) return;  // no query, no selection (and no loop over B * N empty work items)
 
@@ -48,6 +49,7 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
   params.key = in[io::in::key].data;
   params.past_lens = in[io::in::past_lens].as<int32_t>();
   params.total_lens = total.data();
+  params.exact_lens = exact_lens;
   params.block_importance = in[io::in::block_importance].as<float>();
   params.query_type = in.activation_type();
   params.cache_type = in.cache_type();

@@ -13,6 +13,15 @@
 
 namespace quest::tools {
 
+// exact_lens.bin when the case gives it (with_exact 1), else empty (the params get null).
+inline std::vector<char> read_exact_lens(const Case& c, int64_t B) {
+  return c.has("with_exact") && c.integer("with_exact") ? c.read("exact_lens", 4 * B) : std::vector<char>();
+}
+
+inline const int32_t* lens_or_null(const std::vector<char>& lens) {
+  return lens.empty() ? nullptr : reinterpret_cast<const int32_t*>(lens.data());
+}
+
 // run_<op>(case, variant, run): builds the op's params from the case, calls run(params), then
 // writes the outputs as <variant>.<output>.bin.
 template <typename Run>
@@ -45,6 +54,7 @@ void run_select(const Case& c, const std::string& variant, Run&& run) {
   std::vector<char> importance;
   if (c.integer("with_importance")) importance = c.read("block_importance", 4 * B * N * M);
   std::vector<int32_t> indices(B * c.integer("R") * S * K);
+  const std::vector<char> exact = read_exact_lens(c, B);
   const bool probe = c.text("score") == "probe";
   std::vector<char> key_cache, key;
   if (probe) {
@@ -66,6 +76,7 @@ void run_select(const Case& c, const std::string& variant, Run&& run) {
   p.past_lens = reinterpret_cast<const int32_t*>(past.data());
   p.total_lens = reinterpret_cast<const int32_t*>(total.data());
   p.block_importance = importance.empty() ? nullptr : reinterpret_cast<const float*>(importance.data());
+  p.exact_lens = lens_or_null(exact);
   p.query_type = T, p.cache_type = TC, p.query = query.data(), p.block_max = block_max.data();
   p.block_min = block_min.data(), p.block_indices = indices.data();
   run(p);
@@ -86,6 +97,7 @@ void run_attention(const Case& c, const std::string& variant, Run&& run) {
   std::vector<char> indices;
   const int64_t R = c.integer("R");  // rows of block_indices: N, or H when per query head
   if (K > 0) indices = c.read("block_indices", 4 * B * R * S * K);
+  const std::vector<char> exact = read_exact_lens(c, B);
   const int64_t num_blocks = (C + P - 1) / P;
   std::vector<char> output(bytes_of(T, B * S * H * D));
   std::vector<float> importance(B * N * num_blocks);
@@ -95,6 +107,7 @@ void run_attention(const Case& c, const std::string& variant, Run&& run) {
   p.past_lens = reinterpret_cast<const int32_t*>(past.data());
   p.total_lens = reinterpret_cast<const int32_t*>(total.data());
   p.block_indices = indices.empty() ? nullptr : reinterpret_cast<const int32_t*>(indices.data());
+  p.exact_lens = lens_or_null(exact);
   p.per_head_indices = !indices.empty() && R != N;
   p.activation_type = T, p.cache_type = TC, p.query = query.data(), p.key = key.data(), p.value = value.data();
   p.key_cache = key_cache.data(), p.value_cache = value_cache.data(), p.output = output.data();

@@ -287,6 +287,9 @@ void emulate_select(const SelectPlan& plan, const NpuSpec& npu, const SparseBloc
       select_core<T, TC>(plan, prm, ub, core, workspace);
     }
   });
+  // The host's fill of the rows of queries that attend exactly, as ort/cann_ops.cc does on the device.
+  for (const RowRun& run : exact_select_rows(prm.batch, prm.kv_heads, prm.query_len, prm.past_lens, prm.exact_lens))
+    std::memset(prm.block_indices + run.first * prm.top_k, 0xFF, sizeof(int32_t) * run.count * prm.top_k);
 }
 
 void emulate_attention(const AttentionShape& shape, const SparseBlockAttentionParams& prm) {
@@ -309,7 +312,7 @@ void emulate_attention(const AttentionShape& shape, const SparseBlockAttentionPa
                     sizeof(T) * valid * D);
       }
     }
-    const FiaRows rows = build_fia_rows(shape, prm.past_lens, prm.total_lens, prm.block_indices);
+    const FiaRows rows = build_fia_rows(shape, prm.past_lens, prm.total_lens, prm.block_indices, prm.exact_lens);
     const T* query = static_cast<const T*>(prm.query);
     T* output = static_cast<T*>(prm.output);
     std::vector<float> logits, accumulated(D);

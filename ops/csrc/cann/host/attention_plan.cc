@@ -1,6 +1,7 @@
 // The FIA block table of SparseBlockAttention's NPU path (see attention_plan.h).
 #include "attention_plan.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace quest::cann {
@@ -31,12 +32,35 @@ std::string check_attention_support(const AttentionShape& s) {
   return why.str();
 }
 
+namespace {
+
+// Queries [0, n) of row b attend exactly (every block up to their own).
+int64_t exact_queries(int64_t b, int64_t S, const int32_t* past_lens, const int32_t* exact_lens) {
+  if (exact_lens == nullptr) return 0;
+  return std::clamp<int64_t>(static_cast<int64_t>(exact_lens[b]) - past_lens[b], 0, S);
+}
+
+}  // namespace
+
+std::vector<RowRun> exact_select_rows(int64_t batch, int64_t rows_per_batch, int64_t query_len,
+                                      const int32_t* past_lens, const int32_t* exact_lens) {
+  std::vector<RowRun> runs;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t exact = exact_queries(b, query_len, past_lens, exact_lens);
+    if (exact == 0) continue;
+    for (int64_t r = 0; r < rows_per_batch; ++r) runs.push_back({(b * rows_per_batch + r) * query_len, exact});
+  }
+  return runs;
+}
+
 FiaRows build_fia_rows(const AttentionShape& s, const int32_t* past_lens, const int32_t* total_lens,
-                       const int32_t* indices) {
+                       const int32_t* indices, const int32_t* exact_lens) {
   const int64_t B = s.batch, N = s.kv_heads, S = s.query_len, P = s.block_size, M = s.capacity / P;
+  bool any_exact = indices == nullptr;
+  for (int64_t b = 0; b < B; ++b) any_exact = any_exact || exact_queries(b, S, past_lens, exact_lens) > 0;
   FiaRows out;
   out.rows = B * N * S;
-  out.width = indices ? (s.top_k > 0 ? s.top_k : 1) : M;
+  out.width = any_exact ? M : (s.top_k > 0 ? s.top_k : 1);
   out.table.assign(out.rows * out.width, 0);
   out.kv_lengths.assign(out.rows, 1);
   out.zero_output.assign(out.rows, 0);
@@ -58,7 +82,7 @@ FiaRows build_fia_rows(const AttentionShape& s, const int32_t* past_lens, const 
           row[taken++] = first_page + static_cast<int32_t>(m);
           tokens += m < current ? P : p + 1 - m * P;
         };
-        if (indices) {
+        if (indices && i >= exact_queries(b, S, past_lens, exact_lens)) {
           const int32_t* chosen = indices + r * s.top_k;  // validated: ascending is not required
           int64_t last = -1;
           for (int64_t pass = 0; pass < s.top_k; ++pass) {  // ascending order of the valid entries

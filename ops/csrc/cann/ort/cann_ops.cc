@@ -44,7 +44,7 @@ struct CannPlacement {
   static const char* execution_provider() { return "CANNExecutionProvider"; }
   static bool host_input(const schema::OpSchema& op, size_t index) {
     const std::string name = op.inputs[index].name;
-    return name == "past_lens" || name == "total_lens" || name == "block_indices";
+    return name == "past_lens" || name == "total_lens" || name == "block_indices" || name == "exact_lens";
   }
 };
 
@@ -151,6 +151,7 @@ class CannSelectKernel : public KernelBase<CannSelectKernel> {
     const std::vector<int32_t> total =
         resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
     const bool importance = in[io::in::block_importance].present();
+    const int32_t* exact = check_exact_lens(in, io::in::exact_lens, total);
     const cann::SelectShape shape{B, in.dim("H"), N, S, in.dim("D"), M, P, attributes_.get_int("top_k"),
                                   attributes_.get_int("sink_blocks"), attributes_.get_int("recent_blocks"),
                                   attributes_.get_string("group_reduce") == "max", importance,
@@ -167,6 +168,12 @@ class CannSelectKernel : public KernelBase<CannSelectKernel> {
     cann::npu::launch_sparse_block_select(planned.plan, stream, in[io::in::query].data, in[io::in::block_max].data,
                                     in[io::in::block_min].data, past, totals,
                                     importance ? in[io::in::block_importance].data : nullptr, indices, workspace);
+    // The kernel ranks every query; the rows of queries that attend exactly become -1 (bytes 0xFF).
+    const int64_t row_bytes = 4 * attributes_.get_int("top_k");
+    for (const cann::RowRun& run : cann::exact_select_rows(B, N, S, in[io::in::past_lens].as<int32_t>(), exact))
+      check_acl(aclrtMemsetAsync(static_cast<char*>(indices) + run.first * row_bytes, run.count * row_bytes, 0xFF,
+                                 run.count * row_bytes, stream),
+                "marking the rows of queries that attend exactly");
   }
 
  private:
@@ -198,6 +205,7 @@ class CannAttentionKernel : public KernelBase<CannAttentionKernel> {
     const int64_t C = in.dim("C"), P = in.dim("P");
     const std::vector<int32_t> total = resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, C, "C");
     const TensorArg& indices = in[io::in::block_indices];
+    const int32_t* exact = check_exact_lens(in, io::in::exact_lens, total);
     Ort::KernelContext ctx(context);
     const cann::AttentionShape shape{B, H, N, S, D, C, P, indices.present() ? indices.shape[3] : 0,
                                      elem(in.activation_type()), elem(in.cache_type()),
@@ -223,7 +231,8 @@ class CannAttentionKernel : public KernelBase<CannAttentionKernel> {
                                      S * D * elem_bytes, width, N, ACL_MEMCPY_DEVICE_TO_DEVICE, stream),
                   "writing the new tokens into the caches");
     }
-    const cann::FiaRows rows = cann::build_fia_rows(shape, past, total.data(), indices.present() ? indices.as<int32_t>() : nullptr);
+    const cann::FiaRows rows =
+        cann::build_fia_rows(shape, past, total.data(), indices.present() ? indices.as<int32_t>() : nullptr, exact);
     DeviceScratch scratch(stream);
     const int64_t G = H / N, M = C / P;
     // FIA rows (b, n, s) read the query as [rows, G, 1, D] and write [rows, G, 1, D]: for S = 1

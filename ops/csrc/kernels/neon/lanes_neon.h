@@ -48,6 +48,10 @@ struct Lanes {
   static float32x4_t lt_select(float32x4_t x, float32x4_t y) { return vbslq_f32(vcltq_f32(x, y), x, y); }
   static Lanes max_select(Lanes x, Lanes y) { return {gt_select(x.a, y.a), gt_select(x.b, y.b), gt_select(x.c, y.c), gt_select(x.d, y.d)}; }
   static Lanes min_select(Lanes x, Lanes y) { return {lt_select(x.a, y.a), lt_select(x.b, y.b), lt_select(x.c, y.c), lt_select(x.d, y.d)}; }
+  // x * y + z rounded once (the attention's canonical multiply-add; FMLA is baseline AArch64).
+  static Lanes fma(Lanes x, Lanes y, Lanes z) {
+    return {vfmaq_f32(z.a, x.a, y.a), vfmaq_f32(z.b, x.b, y.b), vfmaq_f32(z.c, x.c, y.c), vfmaq_f32(z.d, x.d, y.d)};
+  }
   static Lanes floor(Lanes x) { return {vrndmq_f32(x.a), vrndmq_f32(x.b), vrndmq_f32(x.c), vrndmq_f32(x.d)}; }
   // value where x >= bound (false for NaN), else +0.
   static float32x4_t keep(float32x4_t value, float32x4_t x, float32x4_t bound) {

@@ -1,7 +1,8 @@
-// Scalar reference kernels of SparseBlockAttention: the cache write and block-wise online softmax.
+// Scalar reference kernels of SparseBlockAttention: the cache write and span-wise online softmax.
 //
-// Each query walks its blocks in the given order, one block of at most P positions at a time,
-// so the scratch per query is O(min(P, C) + D) whatever the context: prefill never builds an S x C matrix.
+// Each query walks its spans in order, one online-softmax step per span: its selected blocks, or
+// (when it attends exactly) tiles of kExactTile positions. The scratch per query is O(span + D)
+// whatever the context: prefill never builds an S x C matrix.
 #include <algorithm>
 #include <vector>
 
@@ -31,31 +32,71 @@ void write_tokens(const SparseBlockAttentionParams& prm, int64_t begin, int64_t 
   }
 }
 
+// The softmax mass one step gave one metadata block, kept for the block_importance output.
+struct BlockMass {
+  int32_t block;
+  float max_logit;  // the running max the step's weights were taken against
+  float weight_sum;
+};
+
 // Online-softmax state of one query head.
 struct HeadState {
   float max_logit;
   float denominator;
   float* accumulator;  // [D]
+  std::vector<BlockMass>* masses;
 };
 
-// Per-block softmax statistics kept for the block_importance output.
-struct BlockMass {
-  int32_t block;
-  float max_logit;  // the running max the block's weights were taken against
-  float weight_sum;
-};
+// One online-softmax step of head h over the cache positions [first, last): logits and their max
+// (position t in lane (t - first) % 16), rescale, weights, the values fused into the accumulator in
+// position order. With `masses`, the step's weights of each block it overlaps, summed in the same
+// lanes, are recorded (a selected block: its whole weight sum; an exact tile: one entry per block).
+template <typename TC>
+void attend_span(const SparseBlockAttentionParams& prm, const float* query, const TC* key_cache,
+                 const TC* value_cache, int64_t first, int64_t last, HeadState& h, std::vector<float>& logits) {
+  const int64_t D = prm.head_dim, P = prm.block_size;
+  LaneMax span_max;
+  for (int64_t t = first; t < last; ++t) {
+    float logit = fused_dot(query, key_cache + t * D, D) * prm.scale;
+    if (prm.softcap > 0.0f) logit = prm.softcap * canonical_tanh(logit / prm.softcap);
+    logits[t - first] = logit;
+    span_max.add(t - first, logit);
+  }
+  const float new_max = max_select(span_max.fold(), h.max_logit);
+  const float rescale = canonical_exp(h.max_logit - new_max);
+  h.denominator = h.denominator * rescale;
+  for (int64_t d = 0; d < D; ++d) h.accumulator[d] = h.accumulator[d] * rescale;
+  LaneSum weights;
+  for (int64_t t = first; t < last; ++t) {
+    const float w = canonical_exp(logits[t - first] - new_max);
+    logits[t - first] = w;
+    weights.add(t - first, w);
+    const TC* v = value_cache + t * D;
+    for (int64_t d = 0; d < D; ++d) h.accumulator[d] = std::fma(w, to_float(v[d]), h.accumulator[d]);
+  }
+  h.denominator = h.denominator + weights.fold();
+  h.max_logit = new_max;
+  if (h.masses == nullptr) return;
+  for (int64_t block = first / P; block * P < last; ++block) {
+    LaneSum segment;
+    for (int64_t t = std::max(first, block * P); t < std::min(last, (block + 1) * P); ++t)
+      segment.add(t - first, logits[t - first]);
+    h.masses->push_back(BlockMass{static_cast<int32_t>(block), new_max, segment.fold()});
+  }
+}
 
 template <typename T, typename TC>
 void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, P = prm.block_size;
   const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k, width = heads_per_block_list(prm);
-  std::vector<float> queries(G * D), accumulators(G * D), logits(rows_per_block(prm));
+  const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
+  std::vector<float> queries(G * Dp), accumulators(G * D), logits(std::max(rows_per_block(prm), kExactTile));
   std::vector<HeadState> heads(G);
+  std::vector<std::vector<BlockMass>> masses(G);
   std::vector<int32_t> blocks;
-  std::vector<BlockMass> masses;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads;
-    const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
+    const int64_t past = prm.past_lens[b], total = prm.total_lens[b], exact = exact_queries(prm, b);
     const TC* key_cache = static_cast<const TC*>(prm.key_cache) + item * C * D;
     const TC* value_cache = static_cast<const TC*>(prm.value_cache) + item * C * D;
     float* importance = prm.block_importance ? prm.block_importance + item * prm.num_blocks : nullptr;
@@ -68,60 +109,35 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
         continue;
       }
       const T* query = static_cast<const T*>(prm.query) + ((b * H + n * G) * S + i) * D;
+      std::fill(queries.begin(), queries.end(), 0.0f);
       for (int64_t g = 0; g < G; ++g) {
-        for (int64_t d = 0; d < D; ++d) queries[g * D + d] = to_float(query[(g * S) * D + d]);
-        heads[g] = HeadState{-std::numeric_limits<float>::infinity(), 0.0f, accumulators.data() + g * D};
+        for (int64_t d = 0; d < D; ++d) queries[g * Dp + d] = to_float(query[(g * S) * D + d]);
+        masses[g].clear();
+        heads[g] = HeadState{-std::numeric_limits<float>::infinity(), 0.0f, accumulators.data() + g * D,
+                             importance ? &masses[g] : nullptr};
         std::fill(heads[g].accumulator, heads[g].accumulator + D, 0.0f);
       }
-      // Each list of blocks is attended by `width` heads from g0: all G, or one head per list.
-      for (int64_t g0 = 0; g0 < G; g0 += width) {
-        blocks.clear();
-        if (prm.block_indices) {
+      if (i < exact) {  // every position up to p, tile by tile
+        for (int64_t first = 0; first <= p; first += kExactTile)
+          for (int64_t g = 0; g < G; ++g)
+            attend_span(prm, queries.data() + g * Dp, key_cache, value_cache, first,
+                        std::min(first + kExactTile, p + 1), heads[g], logits);
+      } else {  // each list of blocks is attended by `width` heads from g0: all G, or one head per list
+        for (int64_t g0 = 0; g0 < G; g0 += width) {
           const int32_t* row = prm.block_indices + ((item * (G / width) + g0 / width) * S + i) * K;
-          for (int64_t j = 0; j < K; ++j)
-            if (row[j] >= 0) blocks.push_back(row[j]);
-        } else {
-          for (int32_t m = 0; m <= p / P; ++m) blocks.push_back(m);
-        }
-        masses.clear();
-        for (const int32_t block : blocks) {
-          const int64_t first = block * P, last = std::min<int64_t>(first + P, p + 1);  // [first, last)
-          if (first >= last) continue;  // a block entirely after the query attends nothing
-          for (int64_t g = g0; g < g0 + width; ++g) {
-            HeadState& h = heads[g];
-            LaneMax block_max;
-            for (int64_t t = first; t < last; ++t) {
-              float logit = canonical_dot(queries.data() + g * D, key_cache + t * D, D) * prm.scale;
-              if (prm.softcap > 0.0f) logit = prm.softcap * canonical_tanh(logit / prm.softcap);
-              logits[t - first] = logit;
-              block_max.add(t - first, logit);
-            }
-            const float new_max = max_select(block_max.fold(), h.max_logit);
-            const float rescale = canonical_exp(h.max_logit - new_max);
-            h.denominator = h.denominator * rescale;
-            for (int64_t d = 0; d < D; ++d) h.accumulator[d] = h.accumulator[d] * rescale;
-            LaneSum weights;
-            for (int64_t t = first; t < last; ++t) {
-              const float w = canonical_exp(logits[t - first] - new_max);
-              weights.add(t - first, w);
-              const TC* v = value_cache + t * D;
-              for (int64_t d = 0; d < D; ++d) h.accumulator[d] = h.accumulator[d] + w * to_float(v[d]);
-            }
-            const float weight_sum = weights.fold();
-            h.denominator = h.denominator + weight_sum;
-            h.max_logit = new_max;
-            if (importance) masses.push_back(BlockMass{block, new_max, weight_sum});
+          blocks.assign(row, row + K);
+          for (const int32_t block : blocks) {
+            const int64_t first = static_cast<int64_t>(block) * P, last = std::min<int64_t>(first + P, p + 1);
+            if (block < 0 || first >= last) continue;  // unselected, or entirely after the query
+            for (int64_t g = g0; g < g0 + width; ++g)
+              attend_span(prm, queries.data() + g * Dp, key_cache, value_cache, first, last, heads[g], logits);
           }
-        }
-        // masses are stored block-major, head-minor: entry j belongs to head g0 + j % width.
-        for (size_t j = 0; j < masses.size(); ++j) {
-          const HeadState& h = heads[g0 + static_cast<int64_t>(j) % width];
-          const BlockMass& mass = masses[j];
-          importance[mass.block] += mass.weight_sum * canonical_exp(mass.max_logit - h.max_logit) / h.denominator;
         }
       }
       for (int64_t g = 0; g < G; ++g) {
         const HeadState& h = heads[g];
+        for (const BlockMass& mass : masses[g])
+          importance[mass.block] += mass.weight_sum * canonical_exp(mass.max_logit - h.max_logit) / h.denominator;
         for (int64_t d = 0; d < D; ++d)
           out[g * D + d] = from_float<T>(h.denominator > 0.0f ? h.accumulator[d] / h.denominator : 0.0f);
       }

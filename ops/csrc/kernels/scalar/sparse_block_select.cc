@@ -83,7 +83,7 @@ void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
       const int64_t own = r / S, i = r % S;
       int32_t* row = prm.block_indices + (item * selections * S + r) * K;
       const int64_t p = past + i;
-      if (p >= total) {
+      if (p >= total || attends_exactly(prm, b, p)) {
         std::fill(row, row + K, -1);
         continue;
       }

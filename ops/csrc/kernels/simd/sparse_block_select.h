@@ -184,7 +184,7 @@ void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin
       bool scored = false;
       for (int64_t own = 0; own < selections; ++own) {  // output row (own head, query i)
         int32_t* row = prm.block_indices + (item * selections * S + own * S + i) * K;
-        if (p >= total) {
+        if (p >= total || attends_exactly(prm, b, p)) {
           std::fill(row, row + K, -1);
           continue;
         }

@@ -1,4 +1,4 @@
-// The avx2 variant of every kernel: the generic 16-lane kernels compiled for AVX2 + F16C.
+// The avx2 variant of every kernel: the generic 16-lane kernels compiled for AVX2 + FMA3 + F16C.
 //
 // Only the code between push_options and pop_options is compiled for avx2: everything this file
 // shares with the rest of the library (standard templates, arith.h) stays baseline x86-64, so the
@@ -18,10 +18,10 @@
 #include "../types.h"
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,f16c")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 #define QUEST_ISA avx2
 #include "lanes_avx2.h"

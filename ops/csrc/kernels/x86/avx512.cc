@@ -23,10 +23,10 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx2,f16c"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx2,f16c")
+#pragma GCC target("avx512f,avx2,fma,f16c")
 #endif
 #define QUEST_ISA avx512
 #include "lanes_avx512.h"

@@ -39,6 +39,10 @@ struct Lanes {
   // maxps/minps are exactly `a > b ? a : b` and `a < b ? a : b`, NaN and signed zeros included.
   static Lanes max_select(Lanes a, Lanes b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
   static Lanes min_select(Lanes a, Lanes b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+  // a * b + c rounded once (the attention's canonical multiply-add; FMA3 comes with AVX2 here).
+  static Lanes fma(Lanes a, Lanes b, Lanes c) {
+    return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+  }
   static Lanes floor(Lanes a) { return {_mm256_floor_ps(a.lo), _mm256_floor_ps(a.hi)}; }
   // value where x >= bound (ordered: false for NaN), else +0.
   static Lanes keep_where_at_least(Lanes value, Lanes x, Lanes bound) {

@@ -32,6 +32,8 @@ struct Lanes {
   // maxps/minps are exactly `a > b ? a : b` and `a < b ? a : b`, NaN and signed zeros included.
   static Lanes max_select(Lanes a, Lanes b) { return {_mm512_max_ps(a.v, b.v)}; }
   static Lanes min_select(Lanes a, Lanes b) { return {_mm512_min_ps(a.v, b.v)}; }
+  // a * b + c rounded once (the attention's canonical multiply-add).
+  static Lanes fma(Lanes a, Lanes b, Lanes c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
   static Lanes floor(Lanes a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)}; }
   // value where x >= bound (ordered: false for NaN), else +0.
   static Lanes keep_where_at_least(Lanes value, Lanes x, Lanes bound) {

@@ -1,0 +1,279 @@
+// The attention's register tiles over 16-lane vectors, shared by the sparse and the exact walks:
+// logits of query rows against key rows, one online-softmax step per row, weighted value rows.
+#pragma once
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "../sparse_block_attention.h"
+#include "canonical.h"
+
+namespace quest::QUEST_ISA {
+
+// Prefetches of a contiguous byte range (the rows of the next phase) spread evenly over `ticks`
+// calls of tick(), one per step of the phase's arithmetic: requests go out at an even pace while
+// the arithmetic runs, and the memory never idles. Bursts of whole rows, or passes that asked for
+// nothing, left it idle (10-30% slower than this, measured).
+struct SpreadPrefetch {
+  const char* next;
+  const char* end;
+  int64_t lines_per_tick;
+
+  SpreadPrefetch(const void* begin, int64_t bytes, int64_t ticks)
+      : next(static_cast<const char*>(begin)), end(begin == nullptr ? nullptr : next + bytes),
+        lines_per_tick(((bytes + 63) / 64 + ticks - 1) / std::max<int64_t>(1, ticks)) {}
+
+  QUEST_INLINE void tick() {
+    for (int64_t i = 0; i < lines_per_tick && next < end; ++i, next += 64) __builtin_prefetch(next, 0, 2);
+  }
+};
+
+// logits[h * Pp + t] = fused dot(query row h, key row t) for `Heads` (1 to 4) query rows and `Rows`
+// consecutive key rows (`D` apart, D values each): Heads x Rows independent canonical sums in
+// registers, each key chunk loaded once for all the heads.
+template <int Heads, int Rows, typename TC>
+QUEST_INLINE void logits_tile(const float* q, int64_t Dp, const TC* keys, int64_t D, float* logits, int64_t Pp,
+                              SpreadPrefetch* ahead) {
+  static_assert(Heads >= 1 && Heads <= 4, "one to four query rows per tile");
+  Lanes acc[Heads * Rows];
+  unrolled<Heads * Rows>([&](auto j) { acc[j] = Lanes::zero(); });
+  for (int64_t d = 0; d < D; d += kChunk) {
+    if (ahead != nullptr) ahead->tick();
+    Lanes x[Heads];
+    unrolled<Heads>([&](auto h) { x[h] = Lanes::load(q + h * Dp + d); });
+    unrolled<Rows>([&](auto r) {
+      const Lanes k = load_row(keys + r * D, d, D);
+      unrolled<Heads>([&](auto h) { acc[h * Rows + r] = Lanes::fma(x[h], k, acc[h * Rows + r]); });
+    });
+  }
+  unrolled<Rows>([&](auto r) {
+    if constexpr (Heads == 4) {
+      float folded[4];
+      Lanes::fold4(acc[r], acc[Rows + r], acc[2 * Rows + r], acc[3 * Rows + r], folded);
+      for (int h = 0; h < 4; ++h) logits[h * Pp + r] = folded[h];
+    } else {
+      unrolled<Heads>([&](auto h) { logits[h * Pp + r] = acc[h * Rows + r].fold(); });
+    }
+  });
+}
+
+// The key and value rows a step attends (`count` rows, `D` apart) and the next step's keys, which
+// the step's value passes prefetch (its key pass prefetches its own values).
+template <typename TC>
+struct RowStream {
+  const TC* keys;
+  const TC* values;
+  const TC* next_keys;  // null: nothing to prefetch after this step
+  int64_t count, next_count, D;
+  bool prefetching = true;  // off when the rows are already in cache (a query tile's later queries)
+
+  int64_t row_bytes() const { return D * static_cast<int64_t>(sizeof(TC)); }
+};
+
+// Logits of `Heads` query rows (from g) against every key row of the step, each step of the
+// arithmetic prefetching its share of the value rows.
+template <int Heads, typename TC>
+QUEST_INLINE void head_logits(const float* queries, int64_t g, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
+                              float* logits, SpreadPrefetch& values) {
+  constexpr int kRows = Lanes::kTileRows;
+  const TC* keys = rows.keys;
+  const int64_t count = rows.count, D = rows.D;
+  int64_t t = 0;
+  for (; t + kRows <= count; t += kRows)
+    logits_tile<Heads, kRows>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp, &values);
+  for (; t < count; ++t) logits_tile<Heads, 1>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp, &values);
+}
+
+// Steps head_logits makes for one group of heads (tiles of key rows x 16-lane chunks, one tick
+// each): what the group's share of the prefetches is spread over.
+inline int64_t key_pass_steps(int64_t count, int64_t D) {
+  constexpr int kRows = Lanes::kTileRows;
+  return (count / kRows + count % kRows) * ((D + kChunk - 1) / kChunk);
+}
+
+// Scaled (and soft-capped) logits [rows][count] of `rows` query rows against key rows [0, count):
+// four rows at a time, then the one to three left.
+template <typename TC>
+void step_logits(const float* queries, int64_t rows_count, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
+                 const SparseBlockAttentionParams& prm, float* logits) {
+  const int64_t count = rows.count;
+  const int64_t steps = (rows_count + 3) / 4 * key_pass_steps(count, rows.D);
+  SpreadPrefetch values(rows.prefetching ? rows.values : nullptr, count * rows.row_bytes(), steps);
+  int64_t g = 0;
+  for (; g + 4 <= rows_count; g += 4) head_logits<4>(queries, g, Dp, rows, Pp, logits, values);
+  switch (rows_count - g) {
+    case 3: head_logits<3>(queries, g, Dp, rows, Pp, logits, values); break;
+    case 2: head_logits<2>(queries, g, Dp, rows, Pp, logits, values); break;
+    case 1: head_logits<1>(queries, g, Dp, rows, Pp, logits, values); break;
+    default: break;
+  }
+  // The scale on whole vectors (the lanes past count hold scratch, overwritten before any use).
+  const Lanes scale = Lanes::broadcast(prm.scale);
+  for (g = 0; g < rows_count; ++g)
+    for (int64_t t = 0; t < count; t += kChunk) (Lanes::load(logits + g * Pp + t) * scale).store(logits + g * Pp + t);
+  if (prm.softcap > 0.0f)
+    for (g = 0; g < rows_count; ++g)
+      for (int64_t t = 0; t < count; ++t)
+        logits[g * Pp + t] = prm.softcap * canonical_tanh(logits[g * Pp + t] / prm.softcap);
+}
+
+// The softmax mass one step gave one metadata block, kept for the block_importance output.
+struct BlockMass {
+  int32_t block;
+  float max_logit;  // the running max the step's weights were taken against
+  float weight_sum;
+};
+
+// One head's online-softmax step over its `count` scaled logits (row t in lane t % 16): the max,
+// the rescale of the head's state, and the weights written over the logits (0 from count up to the
+// padded width).
+QUEST_INLINE void softmax_step(float* logits, int64_t count, float& max_logit, float& denominator, float* accumulator,
+                               int64_t Dp) {
+  // -inf past the step's rows: they add nothing to the max and weigh exp(-inf) = 0.
+  std::fill(logits + count, logits + padded(count), -std::numeric_limits<float>::infinity());
+  Lanes lane_max = Lanes::broadcast(-std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < count; t += kChunk) lane_max = Lanes::max_select(Lanes::load(logits + t), lane_max);
+  const float new_max = max_select(lane_max.fold_max(), max_logit);
+  const float rescale = canonical_exp(max_logit - new_max);
+  denominator = denominator * rescale;
+  const Lanes scale_lanes = Lanes::broadcast(rescale);
+  for (int64_t d = 0; d < Dp; d += kChunk) (Lanes::load(accumulator + d) * scale_lanes).store(accumulator + d);
+  const Lanes shift = Lanes::broadcast(new_max);
+  Lanes lane_sum = Lanes::zero();
+  for (int64_t t = 0; t < count; t += kChunk) {
+    const Lanes w = exp_lanes(Lanes::load(logits + t) - shift);
+    w.store(logits + t);
+    lane_sum = lane_sum + w;
+  }
+  denominator = denominator + lane_sum.fold();
+  max_logit = new_max;
+}
+
+// The weights of a step over positions [first, first + count), summed per metadata block it
+// overlaps (position t in lane (t - first) % 16, as the step's own sum), appended to `masses`.
+inline void record_masses(const float* weights, int64_t first, int64_t count, int64_t P, float max_logit,
+                          std::vector<BlockMass>& masses) {
+  for (int64_t block = first / P; block * P < first + count; ++block) {
+    LaneSum segment;
+    for (int64_t t = std::max(first, block * P); t < std::min(first + count, (block + 1) * P); ++t)
+      segment.add(t - first, weights[t - first]);
+    masses.push_back(BlockMass{static_cast<int32_t>(block), max_logit, segment.fold()});
+  }
+}
+
+// Adds a head's recorded masses to block_importance, in the order they were recorded: each step's
+// weights renormalised to the head's final max and denominator.
+inline void add_masses(const std::vector<BlockMass>& masses, float max_logit, float denominator, float* importance) {
+  for (const BlockMass& mass : masses)
+    importance[mass.block] += mass.weight_sum * canonical_exp(mass.max_logit - max_logit) / denominator;
+}
+
+// One query's online-softmax state: its G query rows and, per head, the accumulator, the running
+// max and denominator, and the mass of each block it attended (for block_importance).
+struct QueryState {
+  float* queries;       // [G][Dp]
+  float* accumulators;  // [G][Dp]
+  float* max_logit;     // [G]
+  float* denominator;   // [G]
+  std::vector<BlockMass>* masses;  // [G]
+
+  // The state of the heads from g on.
+  QueryState heads(int64_t g, int64_t Dp) const {
+    return {queries + g * Dp, accumulators + g * Dp, max_logit + g, denominator + g, masses + g};
+  }
+};
+
+// Writes the query's normalised output and adds its blocks' attention mass to `importance`.
+template <typename T>
+void finish_query(const QueryState& q, int64_t G, int64_t D, int64_t Dp, T* out, float* importance) {
+  for (int64_t g = 0; g < G; ++g) {
+    const float* acc = q.accumulators + g * Dp;
+    const float denominator = q.denominator[g];
+    const Lanes denominators = Lanes::broadcast(denominator);
+    for (int64_t d = 0; d < D; d += kChunk) {
+      const Lanes result = denominator > 0.0f ? Lanes::load(acc + d) / denominators : Lanes::zero();
+      store_row(result, out + g * D, d, D);
+    }
+    if (importance != nullptr)
+      add_masses(q.masses[g], q.max_logit[g], q.denominator[g], importance);
+  }
+}
+
+// accumulators[h] = fma(weights[h * Pp + t], value row t, accumulators[h]) for t = first .. count-1
+// in order, for `Heads` heads and `Chunks` 16-lane chunks from d: the accumulators stay in registers
+// across the rows. `Partial`: the chunks may run past D (zeros there); otherwise loaded unchecked.
+template <int Heads, int Chunks, bool Partial, typename TC>
+QUEST_INLINE void value_tile(const TC* values, int64_t first, int64_t count, int64_t D, int64_t d,
+                             const float* weights, int64_t Pp, float* accumulators, int64_t Dp, SpreadPrefetch& ahead) {
+  Lanes acc[Heads * Chunks];
+  unrolled<Heads>([&](auto h) {
+    unrolled<Chunks>([&](auto c) { acc[h * Chunks + c] = Lanes::load(accumulators + h * Dp + d + c * kChunk); });
+  });
+  for (int64_t t = first; t < count; ++t) {
+    ahead.tick();
+    const TC* v = values + t * D;
+    Lanes w[Heads];
+    unrolled<Heads>([&](auto h) { w[h] = Lanes::broadcast(weights[h * Pp + t]); });
+    unrolled<Chunks>([&](auto c) {
+      const Lanes x = Partial ? load_row(v, d + c * kChunk, D) : Lanes::load(v + d + c * kChunk);
+      unrolled<Heads>([&](auto h) { acc[h * Chunks + c] = Lanes::fma(w[h], x, acc[h * Chunks + c]); });
+    });
+  }
+  unrolled<Heads>([&](auto h) {
+    unrolled<Chunks>([&](auto c) { acc[h * Chunks + c].store(accumulators + h * Dp + d + c * kChunk); });
+  });
+}
+
+// Passes head_values makes over the value rows (one per group of chunks, a tick per row each):
+// what a group of heads' share of the prefetches is spread over.
+inline int64_t value_passes(int64_t Dp) {
+  const int64_t group = Lanes::kValueChunks * kChunk;
+  return Dp / group + (Dp % group) / kChunk;
+}
+
+// Adds the weighted value rows [first, count) to the accumulators of `Heads` heads, chunk group by
+// chunk group.
+template <int Heads, typename TC>
+QUEST_INLINE void head_values(const TC* values, int64_t first, int64_t count, int64_t D, int64_t Dp,
+                              const float* weights, int64_t Pp, float* accumulators, SpreadPrefetch& ahead) {
+  constexpr int kChunks = Lanes::kValueChunks;
+  int64_t d = 0;
+  for (; d + kChunks * kChunk <= D; d += kChunks * kChunk)
+    value_tile<Heads, kChunks, false>(values, first, count, D, d, weights, Pp, accumulators, Dp, ahead);
+  for (; d + kChunks * kChunk <= Dp; d += kChunks * kChunk)
+    value_tile<Heads, kChunks, true>(values, first, count, D, d, weights, Pp, accumulators, Dp, ahead);
+  for (; d < Dp; d += kChunk)
+    value_tile<Heads, 1, true>(values, first, count, D, d, weights, Pp, accumulators, Dp, ahead);
+}
+
+// Adds the step's weighted value rows to the accumulators of `rows_count` rows, in row order: four
+// rows at a time over the rows all of them attend, then each row alone over the rest of its own
+// (`counts[r]` rows for row r, non-decreasing in r; null: every row attends rows.count). Every
+// pass over the rows prefetches its share of the next step's keys.
+template <typename TC>
+void step_values(const RowStream<TC>& rows, int64_t Dp, int64_t rows_count, const int64_t* counts,
+                 const float* weights, int64_t Pp, float* accumulators) {
+  const TC* values = rows.values;
+  const int64_t D = rows.D;
+  const auto count_of = [&](int64_t r) { return counts == nullptr ? rows.count : counts[r]; };
+  const int64_t value_rows = (rows_count + 3) / 4 * value_passes(Dp) * rows.count;
+  SpreadPrefetch ahead(rows.prefetching ? rows.next_keys : nullptr, rows.next_count * rows.row_bytes(), value_rows);
+  const auto group = [&]<int Heads>(int64_t g) {
+    const int64_t common = count_of(g);
+    head_values<Heads>(values, 0, common, D, Dp, weights + g * Pp, Pp, accumulators + g * Dp, ahead);
+    for (int64_t r = g + 1; r < g + Heads; ++r)
+      if (count_of(r) > common)
+        head_values<1>(values, common, count_of(r), D, Dp, weights + r * Pp, Pp, accumulators + r * Dp, ahead);
+  };
+  int64_t g = 0;
+  for (; g + 4 <= rows_count; g += 4) group.template operator()<4>(g);
+  switch (rows_count - g) {
+    case 3: group.template operator()<3>(g); break;
+    case 2: group.template operator()<2>(g); break;
+    case 1: group.template operator()<1>(g); break;
+    default: break;
+  }
+}
+
+}  // namespace quest::QUEST_ISA
