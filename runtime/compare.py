@@ -21,9 +21,10 @@ class Run:
         return self.decoded / self.decode_seconds if self.decode_seconds > 0 else float("inf")
 
 
-def timed_generation(model, prompts: Sequence[Sequence[int]], sampling: Sampling, capacity: int | None = None) -> Run:
+def timed_generation(model, prompts: Sequence[Sequence[int]], sampling: Sampling, capacity: int | None = None,
+                     prefill: str = "exact") -> Run:
     """Generate, timing the prefill (to the first token) and the decode steps separately."""
-    generator = Generator(model, capacity)
+    generator = Generator(model, capacity, prefill=prefill)
     rows: list[list[int]] = [[] for _ in prompts]
     begin = time.perf_counter()
     first = None
@@ -59,7 +60,8 @@ class Comparison:
 
 
 def compare(sparse_model, dense_model, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling(),
-            capacity: int | None = None) -> Comparison:
-    """Run the prompts through both models with the same sampling (and seed)."""
-    return Comparison(timed_generation(sparse_model, prompts, sampling, capacity),
+            capacity: int | None = None, prefill: str = "exact") -> Comparison:
+    """Run the prompts through both models with the same sampling (and seed); `prefill` is the
+    sparse model's prefill mode (the dense one always attends exactly)."""
+    return Comparison(timed_generation(sparse_model, prompts, sampling, capacity, prefill),
                       timed_generation(dense_model, prompts, sampling, capacity))

@@ -41,7 +41,9 @@ class OptimumModel:
         past = {i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), np.float32) for i in self.past_inputs}
         return GrowingCache(int(capacity or 2**31 - 1), np.zeros(batch, np.int32), np.zeros((batch, 0), np.int64), past)
 
-    def step(self, cache: GrowingCache, input_ids: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    def step(self, cache: GrowingCache, input_ids: np.ndarray, valid: np.ndarray | None = None, *,
+             exact: bool = True) -> np.ndarray:
+        """One step; dense attention is always exact (`exact` is accepted for the common interface)."""
         input_ids = np.asarray(input_ids, np.int64)
         batch, new_tokens = input_ids.shape
         valid = np.full(batch, new_tokens, np.int32) if valid is None else np.asarray(valid, np.int32)

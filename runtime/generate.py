@@ -1,6 +1,10 @@
 """Token generation over a model folder's runtime: batched prompts of different lengths, greedy or
 seeded sampling (temperature, top-k, top-p), stop tokens, a streaming iterator.
 
+Prompts are prefilled exactly (every prompt token attends to all before it, as Quest does) and
+sparse selection starts with the first generated token; `prefill="sparse"` makes every prompt
+token select its blocks too (less prefill arithmetic, lower quality: docs/quality.md).
+
 ```python
 generator = Generator(QuestModel("qwen3-quest"))
 for step in generator.stream([[1, 2, 3], [4, 5]], Sampling(max_new_tokens=32, temperature=0.7, seed=1)):
@@ -22,6 +26,7 @@ import numpy as np
 from .model import CapacityError, KVCache
 
 PREFILL_CHUNK = 512
+PREFILL_MODES = ("exact", "sparse")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +65,18 @@ def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> 
     return np.array([rng.choice(len(row), p=row) for row in probabilities])
 
 
-def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK) -> np.ndarray:
+def _check_prefill_mode(mode: str) -> str:
+    if mode not in PREFILL_MODES:
+        raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {mode!r}")
+    return mode
+
+
+def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK,
+            mode: str = "exact") -> np.ndarray:
     """Feed the prompts (right-padded into one batch) `chunk` positions per step into an empty cache;
-    returns the logits of each prompt's last token [B, V]."""
+    returns the logits of each prompt's last token [B, V]. `mode`: "exact" (every prompt token
+    attends to every position before it) or "sparse" (each selects its blocks, as decode does)."""
+    exact = _check_prefill_mode(mode) == "exact"
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if len(prompts) != cache.batch:
@@ -80,7 +94,7 @@ def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int 
     last = None
     for start in range(0, width, chunk):
         valid = np.clip(lengths - start, 0, chunk).astype(np.int32)
-        logits = model.step(cache, ids[:, start : start + chunk], valid=valid)
+        logits = model.step(cache, ids[:, start : start + chunk], valid=valid, exact=exact)
         if last is None:
             last = np.zeros((len(prompts), logits.shape[-1]), np.float32)
         for row in np.flatnonzero((lengths > start) & (lengths <= start + chunk)):
@@ -89,9 +103,12 @@ def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int 
 
 
 class Generator:
-    def __init__(self, model, capacity: int | None = None):
+    def __init__(self, model, capacity: int | None = None, prefill: str = "exact"):
+        """`prefill`: "exact" (the default, Quest's split: the prompt attends exactly, generated
+        tokens select their blocks) or "sparse" (prompt tokens select their blocks too)."""
         self.model = model
         self.capacity = capacity
+        self.prefill = _check_prefill_mode(prefill)
         self.cache: KVCache | None = None
 
     def _cache_for(self, batch: int, needed: int) -> KVCache:
@@ -112,7 +129,7 @@ class Generator:
         rng = np.random.default_rng(sampling.seed)
         if sampling.max_new_tokens == 0:
             return
-        logits = prefill(self.model, cache, prompts)
+        logits = prefill(self.model, cache, prompts, mode=self.prefill)
         done = np.zeros(len(prompts), bool)
         for step in range(sampling.max_new_tokens):
             tokens = choose(logits, sampling, rng)
@@ -135,11 +152,11 @@ class Generator:
 
 
 def greedy(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, capacity: int | None = None,
-           return_logits: bool = False):
+           return_logits: bool = False, prefill_mode: str = "exact"):
     """Greedy continuation of each prompt (and, if asked, the logits of every step), for tests and
     comparisons where the logits matter."""
     cache = model.new_cache(len(prompts), capacity)
-    last = prefill(model, cache, prompts)
+    last = prefill(model, cache, prompts, mode=prefill_mode)
     steps, tokens = [last], [[] for _ in prompts]
     for step in range(max_new_tokens):
         chosen = last.argmax(-1)

@@ -3,11 +3,12 @@
 ```python
 model = QuestModel("out/qwen3-quest")
 cache = model.new_cache(batch=2)
-logits = model.step(cache, input_ids, valid=np.array([5, 3]))  # prefill, rows right-padded
-logits = model.step(cache, next_ids[:, None])                    # one decode token per row
+logits = model.step(cache, input_ids, valid=np.array([5, 3]), exact=True)  # prompt, rows right-padded
+logits = model.step(cache, next_ids[:, None])                                # one decode token per row
 ```
-A step feeds `past_lens` (tokens already cached per row) and `total_lens` (valid after the step)
-and binds every present output to its past input's buffer: the ops write only the new tokens.
+A step feeds `past_lens` (tokens already cached per row), `total_lens` (valid after the step) and
+`exact_lens` (its tokens attend exactly when `exact`, else each selects its blocks), and binds every
+present output to its past input's buffer: the ops write only the new tokens.
 """
 
 from __future__ import annotations
@@ -109,10 +110,19 @@ class QuestModel:
         values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in buffers.items()}
         return KVCache(capacity, np.zeros(batch, np.int32), buffers, values)
 
-    def step(self, cache: KVCache, input_ids: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    @property
+    def selects_per_step(self) -> bool:
+        """True when the graph takes exact_lens: each step says whether its tokens attend exactly."""
+        return "exact_lens" in self.sidecar.inputs
+
+    def step(self, cache: KVCache, input_ids: np.ndarray, valid: np.ndarray | None = None, *,
+             exact: bool = False) -> np.ndarray:
         """Run one prefill or decode step; returns logits [B, S, vocab].
 
         `input_ids` [B, S]; row b holds `valid[b]` real tokens followed by padding (default: all S).
+        `exact`: the step's tokens attend to every cached position (a prompt, as Quest prefills);
+        otherwise each selects its blocks (sparse layers). A graph without sparse layers (the
+        GroupQueryAttention baseline, an all-dense export) always attends exactly.
         Raises CapacityError, before anything runs, when a row would pass the capacity.
         """
         input_ids = np.asarray(input_ids, dtype=np.int64)
@@ -138,8 +148,13 @@ class QuestModel:
             raise ValueError(f"input_ids must lie in [0, {vocab}), got values from {input_ids.min()} to "
                              f"{input_ids.max()}; nothing was written")
         names = self.sidecar.inputs
+        if exact and self.sidecar.attention == "quest" and self.sidecar.sparse_layers and not self.selects_per_step:
+            raise ValueError(f"{self.directory} was exported before exact prefill (its graph has no exact_lens "
+                             "input): export it again, or prefill sparsely (prefill='sparse')")
         feeds = {names["input_ids"]: input_ids, names["past_lens"]: cache.lengths.copy(),
                  names["total_lens"]: total.astype(np.int32), **cache.values}
+        if self.selects_per_step:
+            feeds[names["exact_lens"]] = (total if exact else cache.lengths).astype(np.int32)
         saved = self._accumulated_state(cache)
         try:
             outputs = self._step.run(feeds)

@@ -121,6 +121,41 @@ def test_small_budget_selects_what_the_reference_selects(family, group_reduce):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_exact_prefill_matches_optimum_past_the_budget_and_decode_selects(family):
+    """A 150-token prompt through a 32-token budget (K = 2 blocks of 16): prefilled exactly, every
+    prompt position's logits are optimum's and no prompt token selects; the decode step after it
+    selects K blocks per KV head. Prefilled sparsely, the prompt's logits are not optimum's."""
+    from quest_ort.runtime.binding import InPlaceStep
+    from quest_ort.runtime.sessions import make_session
+
+    tiny = tiny_model(family)
+    folder = quest_export(family, top_k=2, block_size=16, dense_layers=(0,))
+    prompt = _prompt(7, 150)
+    optimum = OptimumRunner(tiny).model
+    expected = optimum.step(optimum.new_cache(1), np.array([prompt]))
+    selected = [n.output[0] for n in _with_select_outputs(folder).graph.node if n.op_type == "SparseBlockSelect"]
+    for exact in (True, False):
+        model = QuestModel(folder, threads=1)
+        model._step = InPlaceStep(make_session(_with_select_outputs(folder), threads=1), model._step.aliases)
+        cache = model.new_cache(1, capacity=256)
+        binding_run = model._step.run
+        steps = []
+        model._step.run = lambda feeds: steps.append(binding_run(feeds)) or steps[-1]
+        logits = model.step(cache, np.array([prompt]), exact=exact)
+        model.step(cache, np.array([[int(np.argmax(logits[0, -1]))]]))
+        prompt_rows, decode_rows = ([out[name] for name in selected] for out in steps)
+        assert len(prompt_rows) == len(model.sidecar.sparse_layers) == 2
+        for rows in decode_rows:  # the decode token selects K = 2 blocks per KV head
+            assert ((rows >= 0).sum(-1) == 2).all(), rows
+        if exact:
+            assert all((rows == -1).all() for rows in prompt_rows), "exact prompt tokens must not select"
+            assert_close(logits, expected, np.float32, "exact prefill logits vs optimum", axes="(b, s) x vocab")
+        else:
+            assert any((rows >= 0).any() for rows in prompt_rows)
+            assert not np.allclose(logits, expected, rtol=1e-3, atol=1e-3), "a sparse prefill should differ"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_float16_kv_stays_close_to_float32(family):
     tiny = tiny_model(family)
     model = QuestModel(quest_export(family, top_k=64, kv_dtype="float16"), threads=1)

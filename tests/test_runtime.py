@@ -159,3 +159,17 @@ def test_default_model_agrees_with_its_dense_baseline_over_64_tokens(tmp_path):
     prompt = np.random.default_rng(13).integers(0, quest.sidecar.vocab_size, 900).tolist()
     comparison = compare(quest, dense, [prompt], Sampling(max_new_tokens=64))
     assert comparison.identical, f"{comparison.matching_fraction:.0%} identical"
+
+
+def test_prefill_mode_is_checked_and_an_export_without_exact_lens_is_named():
+    with pytest.raises(ValueError, match="prefill must be one of"):
+        Generator(_quest(), prefill="dense")
+    model = QuestModel(quest_export("qwen3", top_k=2), threads=1)
+    assert model.selects_per_step
+    del model.sidecar.inputs["exact_lens"]  # as an export from before exact prefill reads
+    with pytest.raises(ValueError, match="export it again, or prefill sparsely"):
+        model.step(model.new_cache(1, 64), np.array([[1, 2, 3]]), exact=True)
+    model = QuestModel(quest_export("qwen3", top_k=2), threads=1)
+    exact, sparse = (Generator(model, prefill=mode).generate(_prompts(), Sampling(max_new_tokens=4))
+                     for mode in ("exact", "sparse"))
+    assert [len(row) for row in exact] == [len(row) for row in sparse] == [4, 4, 4]

@@ -67,6 +67,8 @@ class RewriteContext:
             ir.DataType.FLOAT if settings.kv_dtype == "float32" else geometry.activation_dtype)
         self.past_lens = input_value("past_lens", ir.DataType.INT32, [batch_dim])
         self.total_lens = input_value("total_lens", ir.DataType.INT32, [batch_dim])
+        # Queries below exact_lens attend exactly (the runtime's prompt steps), the rest select blocks.
+        self.exact_lens = input_value("exact_lens", ir.DataType.INT32, [batch_dim])
         N, D = geometry.kv_num_heads, geometry.head_dim
         self.block_max: dict[int, ir.Value] = {}
         self.block_min: dict[int, ir.Value] = {}
@@ -110,8 +112,8 @@ class RewriteContext:
 
         ```
         key --QuestMetadata(past_block_max.l, past_block_min.l)--> block_max', block_min'  (sparse)
-        query --SparseBlockSelect(block_max', block_min')--> block_indices                  (sparse)
-        query, key, value --SparseBlockAttention(key_cache, value_cache, [block_indices])
+        query --SparseBlockSelect(block_max', block_min', exact_lens)--> block_indices      (sparse)
+        query, key, value --SparseBlockAttention(key_cache, value_cache, [block_indices, exact_lens])
                           --> output, key_cache_out, value_cache_out
         ```
         """
@@ -130,11 +132,13 @@ class RewriteContext:
                                      group_reduce=s.group_reduce, score=s.score, num_probes=s.num_probes)
             if s.importance_fraction:
                 select_attributes["importance_fraction"] = s.importance_fraction
-            probe_inputs = (key_cache, key) if s.score == "probe" else ()
+            probe_inputs = (key_cache, key) if s.score == "probe" else (None, None)
             indices = op.SparseBlockSelect(query, block_max, block_min, self.past_lens, self.total_lens, importance,
-                                           *probe_inputs, **heads, **select_attributes, _domain=DOMAIN)
+                                           *probe_inputs, self.exact_lens, **heads, **select_attributes,
+                                           _domain=DOMAIN)
         outputs = op.SparseBlockAttention(
             query, key, value, key_cache, value_cache, self.past_lens, indices, self.total_lens,
+            self.exact_lens if indices is not None else None,
             **heads, scale=float(scale), softcap=float(softcap), _domain=DOMAIN, _outputs=4 if importance is not None else 3)
         output, key_out, value_out = outputs[:3]
         if importance is not None:

@@ -1,7 +1,8 @@
 """Turn a rewritten graph's I/O into the Quest model I/O (DESIGN section 4).
 
-- inputs: input_ids, past_lens, total_lens, and per layer past_key.l, past_value.l [B,N,C,D]
-  (+ past_block_max.l, past_block_min.l [B,N,M,D] for sparse layers);
+- inputs: input_ids, past_lens, total_lens, exact_lens (when a layer is sparse), and per layer
+  past_key.l, past_value.l [B,N,C,D] (+ past_block_max.l, past_block_min.l [B,N,M,D] for sparse
+  layers);
 - outputs: logits and present_*.l, each bound in place to its past input by the runtime;
 - RoPE positions come from past_lens (`past_lens[b] + i`), not from a position_ids input;
 - the attention mask input is gone: validity comes from past_lens and total_lens.
@@ -76,7 +77,7 @@ def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_val
     inputs = list(graph.inputs)
     position_of = {value.name: i for i, value in enumerate(inputs)}
     after_ids = position_of.get("input_ids", -1) + 1
-    new_inputs = [context.past_lens, context.total_lens]
+    new_inputs = [context.past_lens, context.total_lens] + ([context.exact_lens] if context.sparse_layers() else [])
     for layer in context.sparse_layers():
         new_inputs += [context.block_max[layer], context.block_min[layer]]
         block_max, block_min = context.metadata_outputs[layer]
