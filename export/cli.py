@@ -77,7 +77,10 @@ def parser() -> argparse.ArgumentParser:
                    help="default KV cache capacity in tokens recorded for the runtime "
                    "(default: the model's context, at most 8192)")
     p.add_argument("--kv-dtype", choices=("float32", "float16"), default="float32",
-                   help="storage type of the KV caches and metadata (default float32)")
+                   help="storage type of the KV caches (default float32)")
+    p.add_argument("--bounds-dtype", choices=("float16", "float32"), default=None,
+                   help="storage type of the block bounds (default float16, rounded outward so they still bound "
+                   "every key: half the bytes a decode step's selection reads; with --score probe, the KV dtype)")
     p.add_argument("--attention", choices=("quest", "gqa"), default="quest",
                    help="quest (default), or gqa: the dense baseline with ONNX Runtime's GroupQueryAttention "
                    "over the same in-place caches and I/O, for side-by-side comparisons")
@@ -97,7 +100,7 @@ def main(argv=None) -> int:
     settings = SparseSettings(
         top_k=args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,
         group_reduce=args.group_reduce, importance_fraction=args.importance_fraction,
-        dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, attention=args.attention,
+        dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, bounds_dtype=args.bounds_dtype, attention=args.attention,
         score=args.score, num_probes=args.num_probes, portable=args.portable,
     )
     output = args.output or pathlib.Path(f"{args.family}-{args.attention}-k{args.k}")

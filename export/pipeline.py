@@ -182,6 +182,7 @@ def _save(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, sett
                 for layer in range(geometry.num_layers)],
         eos_token_ids=eos, attention=settings.attention, score=settings.score, num_probes=settings.num_probes,
         portable=settings.portable,
+        bounds_dtype=_bounds_dtype(onnx_model),
         inputs={name: name for name in ("input_ids", "past_lens", "total_lens", "exact_lens")
                 if any(value.name == name for value in onnx_model.graph.inputs)},
         exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "input_kind": counts["kind"],
@@ -195,6 +196,14 @@ def _save(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, sett
         sidecar.tokenizer = "tokenizer"
     sidecar.write(staged)
     return staged, sidecar
+
+
+def _bounds_dtype(onnx_model) -> str | None:
+    """The dtype of the graph's block bounds (None without sparse layers)."""
+    import onnx_ir as ir
+
+    bounds = next((v for v in onnx_model.graph.inputs if (v.name or "").startswith("past_block_max.")), None)
+    return None if bounds is None else {ir.DataType.FLOAT: "float32", ir.DataType.FLOAT16: "float16"}[bounds.type.dtype]
 
 
 def _load_external_constants(onnx_model) -> None:

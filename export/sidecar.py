@@ -62,6 +62,7 @@ class Sidecar:
     score: str = "bound"
     num_probes: int = 8
     portable: bool = False  # the Quest nodes are written as standard-op bodies: no op library needed
+    bounds_dtype: str | None = None  # dtype of the block bounds; None (older exports): kv_dtype
     exporter: dict = dataclasses.field(default_factory=dict)
     format: str = FORMAT
 

@@ -78,6 +78,7 @@ class QuestModel:
         self._copy_back = aliases if self.sidecar.portable else {}
         self._step = InPlaceStep(self.session, {} if self.sidecar.portable else aliases)
         self._kv_dtype = np.dtype(self.sidecar.kv_dtype)
+        self._bounds_dtype = np.dtype(self.sidecar.bounds_dtype or self.sidecar.kv_dtype)
         # What a failed step must put back (see _accumulated_state).
         self._metadata_names = [name for layer in self.sidecar.layers if layer.sparse
                                 for name in (layer.past_block_max, layer.past_block_min)]
@@ -104,7 +105,7 @@ class QuestModel:
                 buffers[name] = cache_buffer((batch, s.kv_num_heads, capacity, s.head_dim), self._kv_dtype)
             if layer.sparse:
                 for name in (layer.past_block_max, layer.past_block_min):
-                    buffers[name] = cache_buffer((batch, s.kv_num_heads, blocks, s.head_dim), self._kv_dtype)
+                    buffers[name] = cache_buffer((batch, s.kv_num_heads, blocks, s.head_dim), self._bounds_dtype)
             if layer.past_block_importance:
                 buffers[layer.past_block_importance] = cache_buffer((batch, s.kv_num_heads, blocks), np.float32)
         values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in buffers.items()}

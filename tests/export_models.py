@@ -51,6 +51,8 @@ def quest_export(family: str, top_k: int, block_size: int = 16, kv_dtype: str = 
     tiny = tiny_model(family)
     output = _ROOT / (f"{family}-{attention}-k{top_k}-p{block_size}-{kv_dtype}-d{'_'.join(map(str, dense_layers))}"
                       f"-{score}-i{importance_fraction}-{group_reduce}")
+    if (output / "quest_model.json").is_file():  # the same setting spelled with other arguments
+        return output
     settings = SparseSettings(top_k=top_k, block_size=block_size, dense_layers=dense_layers, kv_dtype=kv_dtype,
                               score=score, importance_fraction=importance_fraction, attention=attention,
                               group_reduce=group_reduce)

@@ -96,3 +96,25 @@ def _check_variants(machine, op_name, case, inputs, attributes, expected, tmp_pa
         assert_equal(scalar["key_cache_out"], expected[1], "key_cache_out")
         assert_equal(scalar["value_cache_out"], expected[2], "value_cache_out")
         assert_close(scalar["block_importance"], expected[3], np.float32, "block_importance")
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+def test_bounds_round_outward_alike_on_every_variant(machine, tmp_path):
+    """float32 keys into float16 bounds (rounded toward +inf into the max, -inf into the min) on
+    every variant, specials included: infinities, NaN, signed zeros, subnormals, overflow."""
+    import dataclasses
+
+    from cases import CASES
+    from test_fp16 import _keys
+
+    key = _keys()
+    S = key.shape[0]
+    case = dataclasses.replace(CASES[0], batch=1, heads=(1, 1), head_dim=1, block_size=1, new_tokens=S,
+                               dtypes=("float32", "float16"))
+    M = case.num_blocks()  # the block count the case folder declares (at least S)
+    inputs = dict(key=key.reshape(1, 1, S, 1), block_max=np.zeros((1, 1, M, 1), np.float16),
+                  block_min=np.zeros((1, 1, M, 1), np.float16), past_lens=np.zeros(1, np.int32), total_lens=None)
+    from quest_ort.ops.reference import quest_metadata
+
+    expected = quest_metadata(**inputs, block_size=1)
+    _check_variants(machine, "QuestMetadata", case, inputs, dict(block_size=1), expected, tmp_path)

@@ -21,6 +21,10 @@ class SparseSettings:
     importance_fraction: float = 0.0
     dense_layers: tuple[int, ...] = (0, 1)
     kv_dtype: str | None = None  # None: the model's activation dtype
+    # The block bounds' dtype. None: float16 (half the bytes a decode step's selection reads; keys
+    # round outward into them), except with score="probe", whose select reads the key cache and
+    # the bounds as one type: then the cache's.
+    bounds_dtype: str | None = None
     # "quest": the Quest ops; "gqa": the dense baseline, com.microsoft.GroupQueryAttention over the
     # same in-place caches and model I/O (for side-by-side comparisons in one runtime)
     attention: str = "quest"
@@ -65,6 +69,14 @@ class RewriteContext:
         self.batch_dim = batch_dim
         self.kv_dtype = ir.DataType.FLOAT16 if settings.kv_dtype == "float16" else (
             ir.DataType.FLOAT if settings.kv_dtype == "float32" else geometry.activation_dtype)
+        probe = settings.score == "probe"
+        if settings.bounds_dtype is None:
+            self.bounds_dtype = self.kv_dtype if probe else ir.DataType.FLOAT16
+        else:
+            self.bounds_dtype = ir.DataType.FLOAT16 if settings.bounds_dtype == "float16" else ir.DataType.FLOAT
+            if probe and self.bounds_dtype != self.kv_dtype:
+                raise ValueError(f"score='probe' reads the key cache ({self.kv_dtype.name.lower()}) and the block "
+                                 f"bounds as one type; bounds_dtype {settings.bounds_dtype!r} differs")
         self.past_lens = input_value("past_lens", ir.DataType.INT32, [batch_dim])
         self.total_lens = input_value("total_lens", ir.DataType.INT32, [batch_dim])
         # Queries below exact_lens attend exactly (the runtime's prompt steps), the rest select blocks.
@@ -75,8 +87,8 @@ class RewriteContext:
         self.block_importance: dict[int, ir.Value] = {}
         for layer in self.sparse_layers():
             shape = [batch_dim, N, "num_blocks", D]
-            self.block_max[layer] = input_value(f"past_block_max.{layer}", self.kv_dtype, shape)
-            self.block_min[layer] = input_value(f"past_block_min.{layer}", self.kv_dtype, shape)
+            self.block_max[layer] = input_value(f"past_block_max.{layer}", self.bounds_dtype, shape)
+            self.block_min[layer] = input_value(f"past_block_min.{layer}", self.bounds_dtype, shape)
             if settings.importance:
                 self.block_importance[layer] = input_value(
                     f"past_block_importance.{layer}", ir.DataType.FLOAT, [batch_dim, N, "num_blocks"])

@@ -81,8 +81,8 @@ def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_val
     for layer in context.sparse_layers():
         new_inputs += [context.block_max[layer], context.block_min[layer]]
         block_max, block_min = context.metadata_outputs[layer]
-        _retype(block_max, f"present_block_max.{layer}", context.kv_dtype, meta_shape)
-        _retype(block_min, f"present_block_min.{layer}", context.kv_dtype, meta_shape)
+        _retype(block_max, f"present_block_max.{layer}", context.bounds_dtype, meta_shape)
+        _retype(block_min, f"present_block_min.{layer}", context.bounds_dtype, meta_shape)
         graph.outputs.extend([block_max, block_min])
         if layer in context.importance_outputs:
             new_inputs.append(context.block_importance[layer])

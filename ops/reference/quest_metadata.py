@@ -1,7 +1,8 @@
-"""NumPy reference of QuestMetadata: per-block channel max/min of the keys as stored in the cache."""
+"""NumPy reference of QuestMetadata: per-block channel max/min of the keys, rounded outward."""
 
 from __future__ import annotations
 
+import numpy as np
 
 from ._common import fmax, fmin, resolve_total_lens, valid_positions
 
@@ -9,20 +10,34 @@ from ._common import fmax, fmin, resolve_total_lens, valid_positions
 def quest_metadata(key, block_max, block_min, past_lens, total_lens=None, *, block_size):
     """Return (block_max_out, block_min_out) after adding this call's valid new keys.
 
-    Keys are rounded to the metadata dtype first, so the metadata bounds the keys the cache holds.
-    Block p // P is overwritten by the key of token p when p % P == 0 and merged otherwise.
+    Keys are rounded outward to the bounds' dtype (toward +inf into the max, toward -inf into the
+    min), so the bounds hold every key at any cache precision as fine as theirs. Block p // P is
+    overwritten by the key of token p when p % P == 0 and merged otherwise.
     """
     B, N, S, D = key.shape
     M = block_max.shape[2]
     total = resolve_total_lens(past_lens, total_lens, S, M * block_size, "M * block_size")
     out_max, out_min = block_max.copy(), block_min.copy()
-    stored = key.astype(block_max.dtype)
+    above, below = rounded_outward(key, block_max.dtype)
     for b in range(B):
         for i, p in valid_positions(int(past_lens[b]), int(total[b])):
-            m, x = p // block_size, stored[b, :, i, :]
+            m = p // block_size
             if p % block_size == 0:
-                out_max[b, :, m], out_min[b, :, m] = x, x
+                out_max[b, :, m], out_min[b, :, m] = above[b, :, i], below[b, :, i]
             else:
-                out_max[b, :, m] = fmax(out_max[b, :, m], x)
-                out_min[b, :, m] = fmin(out_min[b, :, m], x)
+                out_max[b, :, m] = fmax(out_max[b, :, m], above[b, :, i])
+                out_min[b, :, m] = fmin(out_min[b, :, m], below[b, :, i])
     return out_max, out_min
+
+
+def rounded_outward(x, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """`x` rounded to `dtype` toward +inf and toward -inf (exact when `dtype` holds it)."""
+    wide = np.asarray(x).astype(np.float32)
+    if np.dtype(dtype) == np.float32:
+        return wide, wide
+    with np.errstate(over="ignore"):  # beyond the dtype's range the nearest value is an infinity
+        nearest = wide.astype(dtype)
+        back = nearest.astype(np.float32)
+        up = np.where(back < wide, np.nextafter(nearest, np.array(np.inf, dtype)), nearest)
+        down = np.where(back > wide, np.nextafter(nearest, np.array(-np.inf, dtype)), nearest)
+    return up.astype(dtype), down.astype(dtype)

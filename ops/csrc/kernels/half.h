@@ -1,4 +1,5 @@
-// IEEE binary16 storage type and exact, round-to-nearest-even conversions (portable scalar code).
+// IEEE binary16 storage type and exact conversions: to nearest even, and toward +inf or -inf for
+// block bounds (portable scalar code).
 #pragma once
 
 #include <cstdint>
@@ -65,6 +66,20 @@ inline uint16_t float_to_half_bits(float f) {
   return static_cast<uint16_t>(sign | rounded);
 }
 
+// Rounding toward +inf and toward -inf: the least float16 value >= f and the greatest <= f (NaN
+// stays NaN). The nearest value, stepped once outward when it lies on the wrong side of f.
+inline uint16_t float_to_half_bits_up(float f) {
+  const uint16_t h = float_to_half_bits(f);
+  if (!(half_bits_to_float(h) < f)) return h;
+  return static_cast<uint16_t>((h & 0x8000u) ? h - 1u : h + 1u);  // a negative value steps toward zero
+}
+
+inline uint16_t float_to_half_bits_down(float f) {
+  const uint16_t h = float_to_half_bits(f);
+  if (!(half_bits_to_float(h) > f)) return h;
+  return static_cast<uint16_t>((h & 0x8000u) ? h + 1u : h - 1u);  // +0 is never above: f < 0 rounds to -0
+}
+
 inline float to_float(float x) { return x; }
 inline float to_float(Half x) { return half_bits_to_float(x.bits); }
 
@@ -74,5 +89,19 @@ template <>
 inline float from_float<float>(float x) { return x; }
 template <>
 inline Half from_float<Half>(float x) { return Half{float_to_half_bits(x)}; }
+
+// The least (`above`) or greatest (`below`) value of T on that side of x: block bounds that hold x.
+template <typename T>
+inline T from_float_above(float x);
+template <typename T>
+inline T from_float_below(float x);
+template <>
+inline float from_float_above<float>(float x) { return x; }
+template <>
+inline float from_float_below<float>(float x) { return x; }
+template <>
+inline Half from_float_above<Half>(float x) { return Half{float_to_half_bits_up(x)}; }
+template <>
+inline Half from_float_below<Half>(float x) { return Half{float_to_half_bits_down(x)}; }
 
 }  // namespace quest

@@ -105,18 +105,22 @@ void metadata_core(const MetadataPlan& plan, const QuestMetadataParams& prm, Uni
       for (int64_t t0 = first; t0 < last; t0 += plan.rows_per_chunk, buffer ^= 1) {
         const int64_t rows = std::min(plan.rows_per_chunk, last - t0);
         copy_rows_in(keys[buffer], 0, key + (t0 - past) * D, rows, D, Dp);
-        // Cast to the cache dtype and back: the bounds cover the keys the cache holds.
         const T* in = keys[buffer].at(0, rows * Dp);
         float* x = keys_f32.at(0, rows * Dp);
-        for (int64_t e = 0; e < rows * Dp; ++e) x[e] = to_float(from_float<TC>(to_float(in[e])));
+        for (int64_t e = 0; e < rows * Dp; ++e) x[e] = to_float(in[e]);
         for (int64_t r = 0; r < rows; ++r) {
+          // Each key rounded outward through the bounds' dtype (CAST_CEIL into out_max, CAST_FLOOR
+          // into out_min, both free here), then back: the bounds hold the key.
           const float* row = keys_f32.at(r * Dp, Dp);
+          TC* up = out_max.at(0, Dp);
+          TC* down = out_min.at(0, Dp);
+          for (int64_t d = 0; d < Dp; ++d) up[d] = from_float_above<TC>(row[d]), down[d] = from_float_below<TC>(row[d]);
           float* hi = acc_max.at(0, Dp);
           float* lo = acc_min.at(0, Dp);
-          if (t0 + r == m * P) {
-            for (int64_t d = 0; d < Dp; ++d) hi[d] = lo[d] = row[d];
-          } else {
-            for (int64_t d = 0; d < Dp; ++d) hi[d] = max_select(hi[d], row[d]), lo[d] = min_select(lo[d], row[d]);
+          const bool starts = t0 + r == m * P;
+          for (int64_t d = 0; d < Dp; ++d) {
+            hi[d] = starts ? to_float(up[d]) : max_select(hi[d], to_float(up[d]));
+            lo[d] = starts ? to_float(down[d]) : min_select(lo[d], to_float(down[d]));
           }
         }
       }

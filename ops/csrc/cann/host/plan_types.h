@@ -55,7 +55,7 @@ struct MetadataPlan {
   int64_t dim_padded;      // D rounded up to 16 elements: whole 32-byte UB rows for every dtype
   int64_t rows_per_chunk;  // key rows per UB load, 1..P
   UbSlice keys[2];         // [rows_per_chunk, dim_padded] key_type, double-buffered
-  UbSlice keys_f32;        // the same rows as float32, rounded through the cache dtype
+  UbSlice keys_f32;        // the same rows as float32 (each rounded outward through the bounds dtype in turn)
   UbSlice acc_max, acc_min;  // the block's running max / min, [dim_padded] float32
   UbSlice out_max, out_min;  // the block's max / min in the cache dtype, for the copy out
   int64_t ub_used;

@@ -42,12 +42,14 @@ __aicore__ inline void to_float(const LocalTensor<float>& dst, const LocalTensor
   }
 }
 
-template <typename E>
+// float32 into E: to nearest (CAST_RINT), or toward +inf / -inf (CAST_CEIL / CAST_FLOOR) for
+// block bounds that hold every value.
+template <typename E, RoundMode Mode = RoundMode::CAST_RINT>
 __aicore__ inline void from_float(const LocalTensor<E>& dst, const LocalTensor<float>& src, int64_t count) {
   if constexpr (IsSameType<E, float>::value) {
     Muls(dst, src, 1.0f, static_cast<int32_t>(count));
   } else {
-    Cast(dst, src, RoundMode::CAST_RINT, static_cast<uint32_t>(count));
+    Cast(dst, src, Mode, static_cast<uint32_t>(count));
   }
 }
 

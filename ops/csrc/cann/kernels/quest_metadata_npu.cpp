@@ -60,20 +60,26 @@ class MetadataKernel {
           to_float(keys_f32, keys[which], rows * Dp);
           PipeBarrier<PIPE_ALL>();
           for (int64_t r = 0; r < rows; ++r) {
-            // Round through the cache dtype (out_max is free here): the bounds cover the keys the
-            // cache holds.
+            // Round outward through the bounds' dtype (out_max and out_min are free here): up into
+            // the max, down into the min, so the bounds hold the key.
             const LocalTensor<float> row = keys_f32[r * Dp];
-            from_float(out_max, row, Dp);
+            from_float<TC, RoundMode::CAST_CEIL>(out_max, row, Dp);
+            from_float<TC, RoundMode::CAST_FLOOR>(out_min, row, Dp);
             PipeBarrier<PIPE_ALL>();
+            const bool starts = t0 + r == m * P;
             to_float(row, out_max, Dp);
             PipeBarrier<PIPE_ALL>();
-            if (t0 + r == m * P) {
+            if (starts)
               Muls(acc_max, row, 1.0f, static_cast<int32_t>(Dp));
-              Muls(acc_min, row, 1.0f, static_cast<int32_t>(Dp));
-            } else {
+            else
               Max(acc_max, acc_max, row, static_cast<int32_t>(Dp));
+            PipeBarrier<PIPE_ALL>();
+            to_float(row, out_min, Dp);
+            PipeBarrier<PIPE_ALL>();
+            if (starts)
+              Muls(acc_min, row, 1.0f, static_cast<int32_t>(Dp));
+            else
               Min(acc_min, acc_min, row, static_cast<int32_t>(Dp));
-            }
             PipeBarrier<PIPE_ALL>();
           }
         }

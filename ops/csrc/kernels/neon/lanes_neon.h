@@ -68,6 +68,28 @@ struct Lanes {
   // Rounds every lane to the nearest float16 value (ties to even) and back.
   static float32x4_t round_half(float32x4_t x) { return vcvt_f32_f16(vcvt_f16_f32(x)); }
   Lanes round_half() const { return {round_half(a), round_half(b), round_half(c), round_half(d)}; }
+  // ... toward +inf (`Up`) or -inf: the nearest value, stepped once outward where it lies on the
+  // wrong side (FCVTN rounds by FPCR, which stays at nearest; a negative value steps up by -1 in
+  // its bits, a positive one by +1).
+  template <bool Up>
+  static float32x4_t round_half_outward(float32x4_t x) {
+    const float16x4_t h = vcvt_f16_f32(x);
+    const float32x4_t back = vcvt_f32_f16(h);
+    const uint16x4_t wrong = vmovn_u32(Up ? vcltq_f32(back, x) : vcgtq_f32(back, x));
+    const uint16x4_t bits = vreinterpret_u16_f16(h);
+    const uint16x4_t negative = vtst_u16(bits, vdup_n_u16(0x8000));
+    // Up: +1 for positive, -1 for negative; down: the opposite. As a wrapped uint16 add of 1 or 0xFFFF.
+    const uint16x4_t step = Up ? vbsl_u16(negative, vdup_n_u16(0xFFFF), vdup_n_u16(1))
+                               : vbsl_u16(negative, vdup_n_u16(1), vdup_n_u16(0xFFFF));
+    return vcvt_f32_f16(vreinterpret_f16_u16(vadd_u16(bits, vand_u16(step, wrong))));
+  }
+  Lanes round_half_up() const {
+    return {round_half_outward<true>(a), round_half_outward<true>(b), round_half_outward<true>(c), round_half_outward<true>(d)};
+  }
+  Lanes round_half_down() const {
+    return {round_half_outward<false>(a), round_half_outward<false>(b), round_half_outward<false>(c),
+            round_half_outward<false>(d)};
+  }
   static void fold4(const Lanes& w, const Lanes& x, const Lanes& y, const Lanes& z, float* out) {
     out[0] = w.fold(), out[1] = x.fold(), out[2] = y.fold(), out[3] = z.fold();
   }

@@ -18,15 +18,14 @@ void run(const QuestMetadataParams& prm, int64_t begin, int64_t end) {
       const T* k = key + (p - past) * D;
       TC* hi = block_max + (p / P) * D;
       TC* lo = block_min + (p / P) * D;
-      if (p % P == 0) {
-        for (int64_t d = 0; d < D; ++d) hi[d] = lo[d] = from_float<TC>(to_float(k[d]));
-        continue;
-      }
+      // The key rounded outward to the bounds' dtype (up into the max, down into the min): the
+      // bounds hold the key, and every value a cache of that precision or finer may round it to.
       for (int64_t d = 0; d < D; ++d) {
-        // Round the key to the cache dtype first: the metadata bounds the keys the cache holds.
-        const float x = to_float(from_float<TC>(to_float(k[d])));
-        hi[d] = from_float<TC>(max_select(to_float(hi[d]), x));
-        lo[d] = from_float<TC>(min_select(to_float(lo[d]), x));
+        const float above = to_float(from_float_above<TC>(to_float(k[d])));
+        const float below = to_float(from_float_below<TC>(to_float(k[d])));
+        const bool starts = p % P == 0;
+        hi[d] = from_float<TC>(starts ? above : max_select(to_float(hi[d]), above));
+        lo[d] = from_float<TC>(starts ? below : min_select(to_float(lo[d]), below));
       }
     }
   }

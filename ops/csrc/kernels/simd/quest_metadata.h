@@ -1,4 +1,4 @@
-// QuestMetadata over 16-lane vectors: merge each valid key, rounded to the cache type, into its block.
+// QuestMetadata over 16-lane vectors: merge each valid key, rounded outward to the bounds' type, into its block.
 #pragma once
 
 #include "../quest_metadata.h"
@@ -6,14 +6,16 @@
 
 namespace quest::QUEST_ISA {
 
-// A key value as the cache stores it. Keys already of the cache type need no rounding (rounding
-// them again would change nothing but cost two conversions per lane).
-template <typename T, typename TC>
-QUEST_INLINE Lanes as_cache_value(const Lanes& x) {
-  if constexpr (std::is_same_v<T, TC>)
+// A key rounded outward to the bounds' dtype: up (`Above`) for the max, down for the min. Keys
+// that TC holds exactly (of type TC, or any key for float bounds) need no rounding.
+template <bool Above, typename T, typename TC>
+QUEST_INLINE Lanes bound_value(const Lanes& x) {
+  if constexpr (std::is_same_v<T, TC> || std::is_same_v<TC, float>)
     return x;
+  else if constexpr (Above)
+    return x.round_half_up();
   else
-    return round_to<TC>(x);
+    return x.round_half_down();
 }
 
 // Merges key rows [0, count) (rounded to TC) into one block's max/min for `Chunks` chunks from d.
@@ -24,15 +26,16 @@ template <int Chunks, typename T, typename TC>
 QUEST_INLINE void merge_run(const T* keys, int64_t count, int64_t D, int64_t d, bool starts_block, TC* hi, TC* lo) {
   Lanes top[Chunks], bottom[Chunks];
   for (int c = 0; c < Chunks; ++c) {
-    const Lanes x = as_cache_value<T, TC>(load_row(keys, d + c * kChunk, D));
-    top[c] = starts_block ? x : Lanes::max_select(load_row(hi, d + c * kChunk, D), x);
-    bottom[c] = starts_block ? x : Lanes::min_select(load_row(lo, d + c * kChunk, D), x);
+    const Lanes x = load_row(keys, d + c * kChunk, D);
+    const Lanes above = bound_value<true, T, TC>(x), below = bound_value<false, T, TC>(x);
+    top[c] = starts_block ? above : Lanes::max_select(load_row(hi, d + c * kChunk, D), above);
+    bottom[c] = starts_block ? below : Lanes::min_select(load_row(lo, d + c * kChunk, D), below);
   }
   for (int64_t t = 1; t < count; ++t) {
     for (int c = 0; c < Chunks; ++c) {
-      const Lanes x = as_cache_value<T, TC>(load_row(keys + t * D, d + c * kChunk, D));
-      top[c] = Lanes::max_select(top[c], x);
-      bottom[c] = Lanes::min_select(bottom[c], x);
+      const Lanes x = load_row(keys + t * D, d + c * kChunk, D);
+      top[c] = Lanes::max_select(top[c], bound_value<true, T, TC>(x));
+      bottom[c] = Lanes::min_select(bottom[c], bound_value<false, T, TC>(x));
     }
   }
   for (int c = 0; c < Chunks; ++c) {

@@ -59,6 +59,13 @@ struct Lanes {
   Lanes round_half() const {
     return {_mm256_cvtph_ps(_mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT)), _mm256_cvtph_ps(_mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT))};
   }
+  // ... toward +inf and toward -inf (block bounds that hold every lane).
+  Lanes round_half_up() const {
+    return {_mm256_cvtph_ps(_mm256_cvtps_ph(lo, _MM_FROUND_TO_POS_INF)), _mm256_cvtph_ps(_mm256_cvtps_ph(hi, _MM_FROUND_TO_POS_INF))};
+  }
+  Lanes round_half_down() const {
+    return {_mm256_cvtph_ps(_mm256_cvtps_ph(lo, _MM_FROUND_TO_NEG_INF)), _mm256_cvtph_ps(_mm256_cvtps_ph(hi, _MM_FROUND_TO_NEG_INF))};
+  }
   // Four canonical folds at once: the same additions as fold(), shuffled into shared registers.
   static void fold4(const Lanes& a, const Lanes& b, const Lanes& c, const Lanes& d, float* out) {
     const __m256 a8 = _mm256_add_ps(a.lo, a.hi), b8 = _mm256_add_ps(b.lo, b.hi);

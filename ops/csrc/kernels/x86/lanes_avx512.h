@@ -46,6 +46,9 @@ struct Lanes {
   }
   // Rounds every lane to the nearest float16 value (ties to even) and back.
   Lanes round_half() const { return {_mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))}; }
+  // ... toward +inf and toward -inf (block bounds that hold every lane).
+  Lanes round_half_up() const { return {_mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC))}; }
+  Lanes round_half_down() const { return {_mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC))}; }
   // Four canonical folds at once: the same additions as fold(), shuffled into shared registers.
   static void fold4(const Lanes& a, const Lanes& b, const Lanes& c, const Lanes& d, float* out) {
     const __m512 ab = _mm512_add_ps(_mm512_castpd_ps(_mm512_shuffle_f64x2(_mm512_castps_pd(a.v), _mm512_castps_pd(b.v), 0x44)), _mm512_castpd_ps(_mm512_shuffle_f64x2(_mm512_castps_pd(a.v), _mm512_castps_pd(b.v), 0xEE)));
