@@ -72,13 +72,15 @@ class Config:
         mine = rng.standard_normal((1, self.H, 1, self.D))
         return (shared * np.sqrt(1.0 - own**2) + mine * own).astype(np.float32).astype(self.dtype)
 
-    def metadata(self, P, rng):
-        """Per-copy metadata [1, N, ceil(C/P), D] of random content (cold, like the caches)."""
+    def metadata(self, P, rng, dtype=None):
+        """Per-copy metadata [1, N, ceil(C/P), D] of random content (cold, like the caches), of
+        `dtype` (default: the caches')."""
         M = -(-self.C // P)
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
         out = []
         for _ in range(self.copies):
             hi = rng.standard_normal((1, self.N, M, self.D)).astype(np.float32)
-            out.append((_value(hi.astype(self.dtype)), _value((hi - 1.0).astype(self.dtype))))
+            out.append((_value(hi.astype(dtype)), _value((hi - 1.0).astype(dtype))))
         return out
 
     def cache_bytes(self, tokens):
@@ -99,12 +101,14 @@ class Feeds:
         return self.fn(copy)
 
 
-def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list, group_reduce: str = "mean"):
+def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list, group_reduce: str = "mean",
+                 bounds_dtype=None):
     H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
-    meta = cfg.metadata(P, rng)
+    meta = cfg.metadata(P, rng, bounds_dtype)
+    bounds_bytes = meta[0][0].numpy().dtype.itemsize
     M_eligible = cfg.past // P + 1
     base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, block_size=P, top_k=K, threads=threads,
-                group_reduce=group_reduce)
+                group_reduce=group_reduce, bounds=np.dtype(bounds_dtype or cfg.dtype).name)
 
     def record(kind, ms, bytes_read=None, **extra):
         row = dict(base, kind=kind, ms=round(ms, 4), **extra)
@@ -132,7 +136,7 @@ def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list, gro
     feeds = Feeds(cfg.copies, lambda c: dict(query=cfg.query, block_max=meta[c][0], block_min=meta[c][1], past_lens=cfg.past_lens))
     run = _steps(select, feeds)
     indices = [select.run(feeds(c))["block_indices"] for c in range(cfg.copies)]
-    record("select", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * cfg.dtype.itemsize)
+    record("select", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * bounds_bytes)
 
     # Sparse attention over the selected blocks.
     attention_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P)
@@ -152,12 +156,13 @@ def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list, gro
     # The whole sparse decode step: the three ops as one layer graph, everything in place.
     layer = InPlaceStep(make_session(attention_layer_model(num_heads=H, kv_num_heads=N, head_dim=D, capacity=C,
                                                            block_size=P, top_k=K, activation_dtype=cfg.dtype,
-                                                           cache_dtype=cfg.dtype, group_reduce=group_reduce),
+                                                           cache_dtype=cfg.dtype, bounds_dtype=bounds_dtype,
+                                                           group_reduce=group_reduce),
                                       threads=threads), LAYER_ALIASES)
     run = _steps(layer, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
                                                         key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
                                                         past_lens=cfg.past_lens, block_max=meta[c][0], block_min=meta[c][1])))
-    record("sparse_step", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * cfg.dtype.itemsize + attended)
+    record("sparse_step", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * bounds_bytes + attended)
 
 
 def bench_dense(cfg: Config, threads: int, include_gqa: bool, rows: list):
@@ -172,27 +177,45 @@ def bench_dense(cfg: Config, threads: int, include_gqa: bool, rows: list):
     results = {}
     results["dense"] = time_rotating(run, cfg.copies, budget_s=1.0)
     if include_gqa:
-        gqa = plain_session(gqa_decode_model(H, N, D, C, cfg.dtype), threads)
-        bindings = []
-        for c in range(cfg.copies):
-            io = gqa.io_binding()
-            io.bind_cpu_input("query", cfg.query.reshape(1, 1, H * D))
-            io.bind_cpu_input("key", cfg.key.reshape(1, 1, N * D))
-            io.bind_cpu_input("value", cfg.value.reshape(1, 1, N * D))
-            io.bind_ortvalue_input("past_key", cfg.key_cache[c])
-            io.bind_ortvalue_input("past_value", cfg.value_cache[c])
-            io.bind_cpu_input("seqlens_k", np.array([cfg.past], np.int32))
-            io.bind_cpu_input("total_sequence_length", np.array(cfg.past + 1, np.int32))
-            io.bind_output("output")
-            io.bind_ortvalue_output("present_key", cfg.key_cache[c])
-            io.bind_ortvalue_output("present_value", cfg.value_cache[c])
-            bindings.append(io)
-        results["gqa"] = time_rotating(lambda c: gqa.run_with_iobinding(bindings[c]), cfg.copies, budget_s=1.0)
+        kinds = [("gqa", False)] + ([("gqa_int8", True)] if cfg.dtype == np.float32 else [])
+        for kind, int8_kv in kinds:
+            results[kind] = _gqa_ms(cfg, threads, int8_kv)
     for kind, ms in results.items():
-        bytes_read = cfg.cache_bytes(cfg.past + 1)
+        bytes_read = cfg.cache_bytes(cfg.past + 1) // (cfg.dtype.itemsize if kind == "gqa_int8" else 1)
         rows.append(dict(base, kind=kind, ms=round(ms, 4), bytes=bytes_read, gb_per_s=round(bytes_read / ms / 1e6, 2)))
         print(f"  {kind:<18} {ms:9.3f} ms {bytes_read / ms / 1e6:7.1f} GB/s  ({threads} thread{'s' if threads > 1 else ''})", flush=True)
     return results
+
+
+def _gqa_ms(cfg: Config, threads: int, int8_kv: bool) -> float:
+    """GroupQueryAttention decoding one token over the config's rotating caches (its own int8
+    copies with `int8_kv`), present bound to past."""
+    H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
+    gqa = plain_session(gqa_decode_model(H, N, D, C, cfg.dtype, int8_kv=int8_kv), threads)
+    rng = np.random.default_rng(1)
+    int8_caches = [(_value(rng.integers(-127, 128, (1, N, C, D), dtype=np.int8)),
+                    _value(rng.integers(-127, 128, (1, N, C, D), dtype=np.int8)))
+                   for _ in range(cfg.cache_copies if int8_kv else 0)]
+    bindings = []
+    for c in range(cfg.copies):
+        key_cache, value_cache = (int8_caches[c % cfg.cache_copies] if int8_kv
+                                  else (cfg.key_cache[c], cfg.value_cache[c]))
+        io = gqa.io_binding()
+        io.bind_cpu_input("query", cfg.query.reshape(1, 1, H * D))
+        io.bind_cpu_input("key", cfg.key.reshape(1, 1, N * D))
+        io.bind_cpu_input("value", cfg.value.reshape(1, 1, N * D))
+        io.bind_ortvalue_input("past_key", key_cache)
+        io.bind_ortvalue_input("past_value", value_cache)
+        io.bind_cpu_input("seqlens_k", np.array([cfg.past], np.int32))
+        io.bind_cpu_input("total_sequence_length", np.array(cfg.past + 1, np.int32))
+        if int8_kv:
+            for name in ("k_scale", "v_scale"):
+                io.bind_cpu_input(name, np.full((N, 1, D), 0.02, np.float32))
+        io.bind_output("output")
+        io.bind_ortvalue_output("present_key", key_cache)
+        io.bind_ortvalue_output("present_value", value_cache)
+        bindings.append(io)
+    return time_rotating(lambda c: gqa.run_with_iobinding(bindings[c]), cfg.copies, budget_s=1.0)
 
 
 def bench_metadata_build(dtype, C, P, N, D, threads, rng, rows):

@@ -63,27 +63,38 @@ def read_bandwidth(threads: int, gigabytes: float = 1.0, repeats: int = 5) -> fl
     return data.nbytes / best / 1e9
 
 
-def gqa_decode_model(num_heads: int, kv_num_heads: int, head_dim: int, capacity: int, dtype) -> onnx.ModelProto:
+def gqa_decode_model(num_heads: int, kv_num_heads: int, head_dim: int, capacity: int, dtype,
+                     int8_kv: bool = False) -> onnx.ModelProto:
     """ONNX Runtime's com.microsoft.GroupQueryAttention for one decode token over a [B,N,C,D] cache
-    whose present outputs are bound to the past inputs (past_present_share_buffer)."""
+    whose present outputs are bound to the past inputs (past_present_share_buffer).
+
+    `int8_kv`: its int8 KV cache (ONNX Runtime >= 1.32 on CPU): k_quant_type / v_quant_type
+    PER_CHANNEL, kv_cache_bit_width 8, and float32 scales [N, 1, D] as inputs k_scale and v_scale
+    (indices 12 and 13; 7-11 are cos/sin caches, position ids, attention bias and head sink)."""
     H, N, D, C = num_heads, kv_num_heads, head_dim, capacity
     t = elem_type(dtype)
-    node = helper.make_node(
-        "GroupQueryAttention",
-        ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"],
-        ["output", "present_key", "present_value"], domain="com.microsoft", num_heads=H, kv_num_heads=N)
+    kv = onnx.TensorProto.INT8 if int8_kv else t
+    inputs = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"]
+    attributes = dict(num_heads=H, kv_num_heads=N)
+    scales = []
+    if int8_kv:
+        inputs += [""] * 5 + ["k_scale", "v_scale"]
+        attributes.update(k_quant_type="PER_CHANNEL", v_quant_type="PER_CHANNEL", kv_cache_bit_width=8)
+        scales = [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [N, 1, D]) for name in ("k_scale", "v_scale")]
+    node = helper.make_node("GroupQueryAttention", inputs, ["output", "present_key", "present_value"],
+                            domain="com.microsoft", **attributes)
     graph = helper.make_graph(
         [node], "gqa_decode",
         [helper.make_tensor_value_info("query", t, ["B", 1, H * D]),
          helper.make_tensor_value_info("key", t, ["B", 1, N * D]),
          helper.make_tensor_value_info("value", t, ["B", 1, N * D]),
-         helper.make_tensor_value_info("past_key", t, ["B", N, C, D]),
-         helper.make_tensor_value_info("past_value", t, ["B", N, C, D]),
+         helper.make_tensor_value_info("past_key", kv, ["B", N, C, D]),
+         helper.make_tensor_value_info("past_value", kv, ["B", N, C, D]),
          helper.make_tensor_value_info("seqlens_k", onnx.TensorProto.INT32, ["B"]),
-         helper.make_tensor_value_info("total_sequence_length", onnx.TensorProto.INT32, [])],
+         helper.make_tensor_value_info("total_sequence_length", onnx.TensorProto.INT32, [])] + scales,
         [helper.make_tensor_value_info("output", t, ["B", 1, H * D]),
-         helper.make_tensor_value_info("present_key", t, ["B", N, C, D]),
-         helper.make_tensor_value_info("present_value", t, ["B", N, C, D])])
+         helper.make_tensor_value_info("present_key", kv, ["B", N, C, D]),
+         helper.make_tensor_value_info("present_value", kv, ["B", N, C, D])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
 
 

@@ -31,14 +31,17 @@ def attention_layer_model(
     top_k: int | None,
     activation_dtype=np.float32,
     cache_dtype=np.float32,
+    bounds_dtype=None,
     sink_blocks: int = 1,
     recent_blocks: int = 1,
     group_reduce: str = "mean",
 ) -> onnx.ModelProto:
-    """One layer's decode/prefill dataflow; `top_k=None` gives the dense layer."""
+    """One layer's decode/prefill dataflow; `top_k=None` gives the dense layer. The block bounds are
+    `bounds_dtype` (default: the cache's)."""
     H, N, D, C, P = num_heads, kv_num_heads, head_dim, capacity, block_size
     M = -(-C // P)
     t, tc = elem_type(activation_dtype), elem_type(cache_dtype)
+    tm = elem_type(cache_dtype if bounds_dtype is None else bounds_dtype)
     inputs = [
         helper.make_tensor_value_info("query", t, ["B", H, "S", D]),
         helper.make_tensor_value_info("key", t, ["B", N, "S", D]),
@@ -55,8 +58,8 @@ def attention_layer_model(
     nodes = []
     indices = ""
     if top_k is not None:
-        inputs += [helper.make_tensor_value_info(name, tc, ["B", N, M, D]) for name in ("block_max", "block_min")]
-        outputs += [helper.make_tensor_value_info(name, tc, ["B", N, M, D]) for name in ("block_max_out", "block_min_out")]
+        inputs += [helper.make_tensor_value_info(name, tm, ["B", N, M, D]) for name in ("block_max", "block_min")]
+        outputs += [helper.make_tensor_value_info(name, tm, ["B", N, M, D]) for name in ("block_max_out", "block_min_out")]
         nodes.append(helper.make_node("QuestMetadata", ["key", "block_max", "block_min", "past_lens"],
                                       ["block_max_out", "block_min_out"], domain=DOMAIN, block_size=P))
         nodes.append(helper.make_node(

@@ -80,3 +80,17 @@ def test_same_bits_for_every_kernel_variant(isa, tmp_path):
     assert outputs["scalar"].keys() == outputs[isa].keys()
     for name, value in outputs["scalar"].items():
         assert_equal(outputs[isa][name], value, f"{isa} vs scalar: {name}")
+
+
+@pytest.mark.parametrize("call", ["SparseBlockAttention", "SparseBlockAttention-dense"])
+@pytest.mark.parametrize("case", [c for c in CASES if c.new_tokens == 64][:3], ids=lambda case: case.id)
+def test_same_bits_whether_an_items_queries_are_split_or_not(case, call):
+    """Without the block_importance output the adapter splits each item's queries into units of an
+    exact query tile (threads then share a prefill of few KV heads); with it, an item is one unit.
+    The outputs are the same bits either way."""
+    op_name, arguments = CALLS[call]
+    inputs, attributes = arguments(case_data(case, "random"))
+    whole = run_op(op_name, inputs, attributes, outputs=OUTPUTS[op_name], threads=2)
+    split = run_op(op_name, inputs, attributes, outputs=OUTPUTS[op_name][:3], threads=2)
+    for name, value in split.items():
+        assert_equal(value, whole[name], f"{name}, queries split into units vs whole items")

@@ -25,7 +25,31 @@ struct SparseBlockAttentionParams {
   void* value_cache = nullptr;  // [B, N, C, D] cache_type: the output cache, written in place
   void* output = nullptr;       // [B, S, H * D] activation_type
   float* block_importance = nullptr;  // [B, N, num_blocks] or null; zeroed and filled per item
+  // Queries per work unit (0: a unit is a whole item). With block_importance, 0: an item's masses
+  // are summed by the one unit that holds all its queries.
+  int64_t query_chunk = 0;
 };
+
+// Query tiles of the exact walk: about 64 rows of a query's G heads, whole queries.
+inline int64_t exact_tile_queries(int64_t group) { return group >= 64 ? 1 : 64 / group; }
+
+// The attention's work units: item u / units_per_item (one (b, n)), queries [first, last) of it.
+struct AttentionUnit {
+  int64_t item, first, last;
+};
+inline int64_t units_per_item(const SparseBlockAttentionParams& params) {
+  return params.query_chunk > 0 ? (params.query_len + params.query_chunk - 1) / params.query_chunk : 1;
+}
+inline int64_t attention_units(const SparseBlockAttentionParams& params) {
+  return params.batch * params.kv_heads * units_per_item(params);
+}
+inline AttentionUnit attention_unit(const SparseBlockAttentionParams& params, int64_t unit) {
+  const int64_t per_item = units_per_item(params);
+  if (per_item == 1) return {unit, 0, params.query_len};
+  const int64_t first = unit % per_item * params.query_chunk;
+  const int64_t last = first + params.query_chunk < params.query_len ? first + params.query_chunk : params.query_len;
+  return {unit / per_item, first, last};
+}
 
 // The most cache rows one block can hold: block_size, or the capacity when a block is larger than
 // the whole cache. Per-block scratch is sized by this, never by block_size alone (which the
@@ -50,7 +74,8 @@ inline int64_t exact_queries(const SparseBlockAttentionParams& params, int64_t b
 
 // Writes the valid new keys/values of work items [begin, end), one per (b, n), into the caches.
 using CacheWriteFn = void (*)(const SparseBlockAttentionParams&, int64_t begin, int64_t end);
-// Attends for work items [begin, end), one per (b, n); the caches must already hold the new tokens.
+// Attends for work units [begin, end) (attention_unit); the caches must already hold the new
+// tokens of every unit's item. A unit that starts its item (query 0) zeroes the item's importance.
 using SparseBlockAttentionFn = void (*)(const SparseBlockAttentionParams&, int64_t begin, int64_t end);
 
 void write_cache_tokens_scalar(const SparseBlockAttentionParams& params, int64_t begin, int64_t end);

@@ -318,7 +318,10 @@ void parallel_for(OrtKernelContext* context, int64_t total, const std::function<
   if (total == 1) {
     run_item(&job, 0);
   } else {
-    Ort::ThrowOnError(api().KernelContext_ParallelFor(context, run_item, static_cast<size_t>(total), 0, &job));
+    // One batch per item: ORT's pool then hands them out one at a time to whichever thread is free
+    // (with fewer batches it splits the range in equal parts up front, however uneven the items).
+    Ort::ThrowOnError(api().KernelContext_ParallelFor(context, run_item, static_cast<size_t>(total),
+                                                      static_cast<size_t>(total), &job));
   }
   if (job.error) std::rethrow_exception(job.error);
 }

@@ -91,7 +91,8 @@ bool prepare_in_place(const TensorArg& input, void* output, const BoundInputs& i
 // Bytes copied by prepare_in_place since the library loaded (tests prove in-place steps copy 0).
 std::atomic<uint64_t>& copied_bytes();
 
-// Runs fn(item) for item in [0, total) on ORT's intra-op thread pool. Items must be independent.
+// Runs fn(item) for item in [0, total) on ORT's intra-op thread pool, each item taken by the next
+// free thread. Items must be independent.
 void parallel_for(OrtKernelContext* context, int64_t total, const std::function<void(int64_t)>& fn);
 
 size_t element_size(DType dtype);

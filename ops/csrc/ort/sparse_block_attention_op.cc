@@ -102,11 +102,15 @@ void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
   params.value_cache = value_cache;
   params.output = output;
   params.block_importance = importance;
+  // Prefill calls split each item's queries into tiles of the exact walk, so that every thread has
+  // work whatever B * N is (3 KV heads on 2 threads would leave one idle a third of the time);
+  // the block importance, summed per item, keeps an item in one unit.
+  const int64_t tile = exact_tile_queries(params.num_heads / N);
+  params.query_chunk = importance == nullptr && S > tile ? tile : 0;
   const KernelTable& kernels = active_kernels();
-  parallel_for(context, B * N, [&](int64_t item) {
-    kernels.write_cache_tokens(params, item, item + 1);
-    kernels.sparse_block_attention(params, item, item + 1);
-  });
+  parallel_for(context, B * N, [&](int64_t item) { kernels.write_cache_tokens(params, item, item + 1); });
+  parallel_for(context, attention_units(params),
+               [&](int64_t unit) { kernels.sparse_block_attention(params, unit, unit + 1); });
 }
 
 }  // namespace quest::ort

@@ -94,14 +94,15 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
   std::vector<HeadState> heads(G);
   std::vector<std::vector<BlockMass>> masses(G);
   std::vector<int32_t> blocks;
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads;
+  for (int64_t unit = begin; unit < end; ++unit) {
+    const AttentionUnit u = attention_unit(prm, unit);
+    const int64_t item = u.item, b = item / prm.kv_heads, n = item % prm.kv_heads;
     const int64_t past = prm.past_lens[b], total = prm.total_lens[b], exact = exact_queries(prm, b);
     const TC* key_cache = static_cast<const TC*>(prm.key_cache) + item * C * D;
     const TC* value_cache = static_cast<const TC*>(prm.value_cache) + item * C * D;
     float* importance = prm.block_importance ? prm.block_importance + item * prm.num_blocks : nullptr;
-    if (importance) std::fill(importance, importance + prm.num_blocks, 0.0f);
-    for (int64_t i = 0; i < S; ++i) {
+    if (importance && u.first == 0) std::fill(importance, importance + prm.num_blocks, 0.0f);
+    for (int64_t i = u.first; i < u.last; ++i) {
       T* out = static_cast<T*>(prm.output) + (b * S + i) * H * D + n * G * D;
       const int64_t p = past + i;
       if (p >= total) {

@@ -14,10 +14,6 @@
 
 namespace quest::QUEST_ISA {
 
-// Query rows (a query's G heads, whole queries) that share each position tile's reads: enough to
-// reuse every loaded key and value row many times, few enough for the rows' state to stay in L1/L2.
-inline constexpr int64_t kExactRows = 64;
-
 struct ExactScratch {
   std::vector<float> queries, accumulators, max_logit, denominator, logits;  // per row
   std::vector<float> keys, values;  // a float16 (or unpadded) position tile widened to float rows
@@ -45,7 +41,9 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
                   const TC* key_cache, const TC* value_cache, ExactScratch& s, float* importance) {
   const int64_t S = prm.query_len, D = prm.head_dim, H = prm.num_heads, G = H / prm.kv_heads, Dp = padded(D);
   const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads, past = prm.past_lens[b], P = prm.block_size;
-  const int64_t tile_queries = std::max<int64_t>(1, kExactRows / G), most_rows = tile_queries * G;
+  // About 64 rows share each position tile's reads: every loaded key and value row is reused many
+  // times, and the rows' state stays in L1/L2.
+  const int64_t tile_queries = exact_tile_queries(G), most_rows = tile_queries * G;
   constexpr int64_t Pp = kExactTile;
   // float rows are read where they lie; float16 rows are widened once per position tile (every row
   // of a query tile reads each of them).

@@ -190,29 +190,32 @@ void attend_selected(const SparseBlockAttentionParams& prm, int64_t item, int64_
   finish_query(state, G, D, Dp, out, importance);
 }
 
-// Work items [begin, end), one per (b, n): every valid query attends, the exact ones (a prefix of
-// the call) in query tiles over every position, the rest query by query over their blocks.
+// Work units [begin, end) (attention_unit: an item's queries [first, last)): every valid query
+// attends, the exact ones (a prefix of the call) in query tiles over every position, the rest query
+// by query over their blocks.
 template <typename T, typename TC>
 void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, H = prm.num_heads;
   const int64_t G = H / prm.kv_heads, Dp = padded(D), Pp = padded(rows_per_block(prm));
   thread_local AttentionScratch s;
   s.fit(G, Dp, Pp);
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads;
+  for (int64_t unit = begin; unit < end; ++unit) {
+    const AttentionUnit u = attention_unit(prm, unit);
+    const int64_t b = u.item / prm.kv_heads, n = u.item % prm.kv_heads;
     const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
     const int64_t valid = std::clamp<int64_t>(total - past, 0, S), exact = std::min(exact_queries(prm, b), valid);
-    const TC* key_cache = static_cast<const TC*>(prm.key_cache) + item * C * D;
-    const TC* value_cache = static_cast<const TC*>(prm.value_cache) + item * C * D;
-    float* importance = prm.block_importance != nullptr ? prm.block_importance + item * prm.num_blocks : nullptr;
-    if (importance != nullptr) std::fill(importance, importance + prm.num_blocks, 0.0f);
+    const TC* key_cache = static_cast<const TC*>(prm.key_cache) + u.item * C * D;
+    const TC* value_cache = static_cast<const TC*>(prm.value_cache) + u.item * C * D;
+    float* importance = prm.block_importance != nullptr ? prm.block_importance + u.item * prm.num_blocks : nullptr;
+    if (importance != nullptr && u.first == 0) std::fill(importance, importance + prm.num_blocks, 0.0f);
     const T* query = static_cast<const T*>(prm.query) + (b * H + n * G) * S * D;
     auto output = [&](int64_t i) { return static_cast<T*>(prm.output) + (b * S + i) * H * D + n * G * D; };
-    for (int64_t i = valid; i < S; ++i) std::fill(output(i), output(i) + G * D, from_float<T>(0.0f));
-    if (exact > 0) attend_exact<T, TC>(prm, item, 0, exact, key_cache, value_cache, s.exact, importance);
-    for (int64_t i = exact; i < valid; ++i) {
+    for (int64_t i = std::max(valid, u.first); i < u.last; ++i) std::fill(output(i), output(i) + G * D, from_float<T>(0.0f));
+    if (u.first < std::min(exact, u.last))
+      attend_exact<T, TC>(prm, u.item, u.first, std::min(exact, u.last), key_cache, value_cache, s.exact, importance);
+    for (int64_t i = std::max(exact, u.first); i < std::min(valid, u.last); ++i) {
       begin_query(query + i * D, S, D, G, Dp, s.state());
-      attend_selected<T, TC>(prm, item, i, key_cache, value_cache, s, output(i), importance);
+      attend_selected<T, TC>(prm, u.item, i, key_cache, value_cache, s, output(i), importance);
     }
   }
 }
