@@ -96,15 +96,7 @@ def load_checkpoint(source: str, work: pathlib.Path) -> pathlib.Path:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"--model {source}: no such GGUF file")
-        import torch
-        import transformers
-
-        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        out = work / "checkpoint"
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        return out
+        return convert_gguf(path, work / "checkpoint")
     if path.exists():
         raise ValueError(f"--model {source}: expected a Hugging Face model directory or a .gguf file")
     from huggingface_hub import snapshot_download
@@ -113,6 +105,19 @@ def load_checkpoint(source: str, work: pathlib.Path) -> pathlib.Path:
         return pathlib.Path(snapshot_download(source))
     except Exception as error:  # offline machines land here
         raise RuntimeError(f"--model {source}: not a local path, and the hub download failed: {error}") from error
+
+
+def convert_gguf(gguf: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    """Save the GGUF checkpoint `gguf` dequantised to float32 as a Hugging Face folder `out` (model
+    and tokenizer), with transformers (needs the `gguf` package; minutes for a 0.5B model)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def read_config(directory: pathlib.Path) -> dict:
