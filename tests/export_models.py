@@ -16,12 +16,15 @@ from quest_ort.export.families import FAMILIES, build_default_model
 from quest_ort.export.pipeline import export_sparse, optimum_export
 from quest_ort.export.rewrite import SparseSettings
 
-# Small enough to export in a second; odd head grouping (G = 3) on the Llama side.
+# Small enough to export in a second; odd head grouping on the Llama side (G = 3) and the Qwen2
+# side (G = 7 on a single KV head, Qwen2.5-0.5B's 14 on 2 scaled down).
 TINY = {
     "qwen3": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16),
     "llama": dict(vocab_size=256, hidden_size=96, intermediate_size=128, num_hidden_layers=3,
                   num_attention_heads=6, num_key_value_heads=2, head_dim=16),
+    "qwen2": dict(vocab_size=256, hidden_size=112, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=7, num_key_value_heads=1),  # head_dim = 112 / 7 = 16
 }
 _ROOT = pathlib.Path(tempfile.mkdtemp(prefix="quest-export-tests-"))
 

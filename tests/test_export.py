@@ -1,6 +1,7 @@
 """Graph-level conformance of export-sparse: the Quest graph against the optimum graph and PyTorch.
 
-Tiny Qwen3 and Llama models with random weights (norm weights randomised), built in code.
+Tiny Qwen3, Llama and Qwen2 models with random weights (norm weights and biases randomised), built
+in code.
 """
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ import numpy as np
 import onnx
 import pytest
 
-from export_models import OptimumRunner, quest_export, tiny_model
+from export_models import TINY, OptimumRunner, quest_export, tiny_model
 from quest_ort.export.rewrite import ExportError, Geometry, SparseSettings, rewrite_attention
 from quest_ort.ops.reference import sparse_block_select
 from quest_ort.runtime.generate import greedy
 from quest_ort.runtime.model import CapacityError, QuestModel
 from tolerances import assert_close, assert_equal
 
-FAMILIES = ("qwen3", "llama")
+FAMILIES = tuple(TINY)
 PROMPT = 40
 DECODE = 9  # new tokens: 8 decode steps after the prompt
 

@@ -11,6 +11,10 @@ K' -Transpose(0,1,3,2)-Mul(s2)-MatMul-Add(mask)-Softmax-Where(IsNaN, 0, .)-MatMu
    -Transpose(0,2,1,3)-Reshape--> o_proj input
 ```
 becomes the layer's Quest nodes with scale s1 * s2 (RewriteContext.emit_layer).
+
+What produces q_rot, k_rot and v stays as exported and is read, not matched: the projections
+with their biases (Qwen2's q/k/v Adds, before RoPE), Qwen3's q/k norms and the RoPE itself, so one
+rule serves the Llama, Qwen2 and Qwen3 families.
 """
 
 from __future__ import annotations
