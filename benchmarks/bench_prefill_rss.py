@@ -44,19 +44,18 @@ print(json.dumps({"kind": kind, "tokens": tokens, "seconds": round(seconds, 1), 
 
 
 def ensure_models() -> tuple[pathlib.Path, pathlib.Path]:
-    """The Quest export (K=32, P=32) and optimum's export of SmolLM2, built once under build/models."""
-    from quest_ort.export.families import load_checkpoint
+    """The default Quest export (--k 32) and optimum's export of SmolLM2, built once under build/models
+    from the checkpoint converted once under build/weights."""
     from quest_ort.export.pipeline import export_sparse, optimum_export
     from quest_ort.export.rewrite import SparseSettings
-    from quest_ort.runtime.demo import smollm2_gguf
+    from quest_ort.export.weights import checkpoint
 
     quest, optimum = MODELS / "smollm2-quest-k32", MODELS / "smollm2-optimum"
     if not (quest / "quest_model.json").is_file():
-        export_sparse("llama", output=quest, settings=SparseSettings(top_k=32), model=str(smollm2_gguf()), overwrite=True)
+        export_sparse("llama", output=quest, settings=SparseSettings(top_k=32), model=str(checkpoint("smollm2")),
+                      overwrite=True)
     if not (optimum / "model.onnx").is_file():
-        work = MODELS / "smollm2-checkpoint"
-        checkpoint = load_checkpoint(str(smollm2_gguf()), work) if not (work / "checkpoint").is_dir() else work / "checkpoint"
-        optimum_export(checkpoint, optimum)
+        optimum_export(checkpoint("smollm2"), optimum)
     return quest, optimum
 
 

