@@ -131,17 +131,20 @@ struct BlockMass {
   float weight_sum;
 };
 
-// One head's online-softmax step over its `count` scaled logits (row t in lane t % 16): the max,
-// the rescale of the head's state, and the weights written over the logits (0 from count up to the
-// padded width).
-QUEST_INLINE void softmax_step(float* logits, int64_t count, float& max_logit, float& denominator, float* accumulator,
-                               int64_t Dp) {
-  // -inf past the step's rows: they add nothing to the max and weigh exp(-inf) = 0.
+// The max of a step's `count` scaled logits (row t in lane t % 16) and the running max: the step's
+// new running max. The logits past count, up to the padded width, become -inf (they add nothing
+// to the max and weigh exp(-inf) = 0).
+QUEST_INLINE float step_max(float* logits, int64_t count, float max_logit) {
   std::fill(logits + count, logits + padded(count), -std::numeric_limits<float>::infinity());
   Lanes lane_max = Lanes::broadcast(-std::numeric_limits<float>::infinity());
   for (int64_t t = 0; t < count; t += kChunk) lane_max = Lanes::max_select(Lanes::load(logits + t), lane_max);
-  const float new_max = max_select(lane_max.fold_max(), max_logit);
-  const float rescale = canonical_exp(max_logit - new_max);
+  return max_select(lane_max.fold_max(), max_logit);
+}
+
+// The rest of the step, given its new max and rescale = exp(old max - new max): the head's state
+// rescaled, the weights written over the logits, their sum added to the denominator.
+QUEST_INLINE void weigh_step(float* logits, int64_t count, float new_max, float rescale, float& max_logit,
+                             float& denominator, float* accumulator, int64_t Dp) {
   denominator = denominator * rescale;
   const Lanes scale_lanes = Lanes::broadcast(rescale);
   for (int64_t d = 0; d < Dp; d += kChunk) (Lanes::load(accumulator + d) * scale_lanes).store(accumulator + d);
@@ -154,6 +157,14 @@ QUEST_INLINE void softmax_step(float* logits, int64_t count, float& max_logit, f
   }
   denominator = denominator + lane_sum.fold();
   max_logit = new_max;
+}
+
+// One head's online-softmax step over its `count` scaled logits: the max, the rescale of the head's
+// state, and the weights written over the logits.
+QUEST_INLINE void softmax_step(float* logits, int64_t count, float& max_logit, float& denominator, float* accumulator,
+                               int64_t Dp) {
+  const float new_max = step_max(logits, count, max_logit);
+  weigh_step(logits, count, new_max, canonical_exp(max_logit - new_max), max_logit, denominator, accumulator, Dp);
 }
 
 // The weights of a step over positions [first, first + count), summed per metadata block it

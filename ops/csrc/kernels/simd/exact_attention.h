@@ -16,6 +16,7 @@ namespace quest::QUEST_ISA {
 
 struct ExactScratch {
   std::vector<float> queries, accumulators, max_logit, denominator, logits;  // per row
+  std::vector<float> new_max, rescale;  // per row
   std::vector<float> keys, values;  // a float16 (or unpadded) position tile widened to float rows
   std::vector<int64_t> counts;      // positions of the current tile each row attends
   std::vector<std::vector<BlockMass>> masses;
@@ -54,6 +55,8 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
   s.denominator.resize(most_rows);
   s.logits.resize(most_rows * Pp);
   s.counts.resize(most_rows);
+  s.new_max.resize(most_rows);
+  s.rescale.resize(most_rows);
   if (static_cast<int64_t>(s.masses.size()) < most_rows) s.masses.resize(most_rows);  // lists keep their storage
   if (widen) {
     s.keys.resize(kExactTile * Dp);
@@ -79,9 +82,19 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
         stream.prefetching = false;  // sequential tiles: the hardware prefetchers follow them
         float* logits = s.logits.data() + r0 * Pp;
         step_logits(s.queries.data() + r0 * Dp, rows - r0, Dp, stream, Pp, prm, logits);
+        // Each row's softmax step, in three passes so that the rows' rescale factors come from
+        // one vector exp per 16 rows instead of a scalar exp (a long chain of dependent operations)
+        // per row: the same values, in the same order for every row.
+        for (int64_t r = r0; r < rows; ++r) s.new_max[r] = step_max(s.logits.data() + r * Pp, s.counts[r], s.max_logit[r]);
+        for (int64_t r = r0; r < rows; r += kChunk) {
+          const int64_t n = std::min<int64_t>(kChunk, rows - r);
+          store_partial(exp_lanes(load_partial(s.max_logit.data() + r, n) - load_partial(s.new_max.data() + r, n)),
+                        s.rescale.data() + r, n);
+        }
         for (int64_t r = r0; r < rows; ++r) {
           float* weights = s.logits.data() + r * Pp;
-          softmax_step(weights, s.counts[r], s.max_logit[r], s.denominator[r], s.accumulators.data() + r * Dp, Dp);
+          weigh_step(weights, s.counts[r], s.new_max[r], s.rescale[r], s.max_logit[r], s.denominator[r],
+                     s.accumulators.data() + r * Dp, Dp);
           if (importance != nullptr) record_masses(weights, t0, s.counts[r], P, s.max_logit[r], s.masses[r]);
         }
         step_values(stream, Dp, rows - r0, s.counts.data() + r0, logits, Pp, s.accumulators.data() + r0 * Dp);
