@@ -1,14 +1,18 @@
-"""`make bench`: the op kernels against ONNX Runtime's GroupQueryAttention and the machine's bandwidth.
+"""`make bench`: the op kernels against ONNX Runtime's GroupQueryAttention (float32 and its int8 KV
+cache) and the machine's bandwidth.
 
-Every call reads cold data: each measurement rotates among enough copies of its buffers to exceed
-the last-level cache. Caches are bound in place (IOBinding), GQA shares its past/present buffers.
-Prints a table and writes benchmarks/results/ops.json and ops.png.
+The sparse settings measured are the export's defaults (`SparseSettings(top_k=32)`: what
+`export-sparse <family> --k 32` writes) and, for reference, the earlier default: blocks of 32 tokens
+and one selection per KV head. Every call reads cold data: each measurement rotates among enough
+copies of its buffers to exceed the last-level cache. Caches are bound in place (IOBinding), GQA
+shares its past/present buffers. Prints a table and writes benchmarks/results/ops.json and ops.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import pathlib
@@ -20,6 +24,7 @@ import onnxruntime as ort
 
 from harness import (blocks_per_kv_head, copies_for, gqa_decode_model, plain_session, read_bandwidth,
                      time_rotating)
+from quest_ort.export.rewrite import SparseSettings
 from quest_ort.graphs import op_model
 from quest_ort.graphs.layer import LAYER_ALIASES, attention_layer_model
 from quest_ort.ops import native_kernel_isa
@@ -31,7 +36,27 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 HEADS = ((32, 8, 128), (16, 8, 128))
 CONTEXTS = (4096, 16384, 32768, 65536)
 DTYPES = ("float32", "float16")
-BUDGETS = ((32, 32), (16, 64))  # (P, K): a 1024-token budget each
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A sparse decode setting: blocks of P tokens, K per selection, a selection per KV head
+    ("mean") or per query head ("none"), and the block bounds' dtype (None: the cache's)."""
+
+    name: str
+    block_size: int
+    top_k: int
+    group_reduce: str
+    bounds_dtype: str | None
+
+    @classmethod
+    def export_default(cls) -> "Setting":
+        default = SparseSettings(top_k=32)
+        bounds = default.bounds_dtype or ("float16" if default.score == "bound" else None)
+        return cls("default", default.block_size, default.top_k, default.group_reduce, bounds)
+
+
+SETTINGS = (Setting.export_default(), Setting("shared-p32", 32, 32, "mean", None))
 # The per-head row's query heads: this much of each is its own, the rest shared by its group, so the
 # G heads' selections overlap about as a real model's do (SmolLM2 reads 1.45x the budget at 8K,
 # docs/quality.md; this reads about 1.5x at 32K). Unrelated random heads would barely overlap.
@@ -101,14 +126,17 @@ class Feeds:
         return self.fn(copy)
 
 
-def bench_config(cfg: Config, P: int, K: int, threads: int, rng, rows: list, group_reduce: str = "mean",
-                 bounds_dtype=None):
+def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
+    P, K, group_reduce, bounds_dtype = setting.block_size, setting.top_k, setting.group_reduce, setting.bounds_dtype
+    if group_reduce == "none":  # query heads that overlap in their selections as a real model's do
+        cfg = copy.copy(cfg)
+        cfg.query = cfg.grouped_query(PER_HEAD_OWN, rng)
     H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
     meta = cfg.metadata(P, rng, bounds_dtype)
     bounds_bytes = meta[0][0].numpy().dtype.itemsize
     M_eligible = cfg.past // P + 1
-    base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, block_size=P, top_k=K, threads=threads,
-                group_reduce=group_reduce, bounds=np.dtype(bounds_dtype or cfg.dtype).name)
+    base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, setting=setting.name, block_size=P, top_k=K,
+                threads=threads, group_reduce=group_reduce, bounds=np.dtype(bounds_dtype or cfg.dtype).name)
 
     def record(kind, ms, bytes_read=None, **extra):
         row = dict(base, kind=kind, ms=round(ms, 4), **extra)
@@ -218,12 +246,13 @@ def _gqa_ms(cfg: Config, threads: int, int8_kv: bool) -> float:
     return time_rotating(lambda c: gqa.run_with_iobinding(bindings[c]), cfg.copies, budget_s=1.0)
 
 
-def bench_metadata_build(dtype, C, P, N, D, threads, rng, rows):
+def bench_metadata_build(dtype, C, P, N, D, threads, rng, rows, bounds_dtype="float16"):
     key = rng.standard_normal((1, N, C, D)).astype(np.float32).astype(dtype)
     copies = copies_for(key.nbytes)
     keys = [key] + [np.roll(key, c, axis=2) for c in range(1, copies)]
     M = -(-C // P)
-    meta = [(_value(np.zeros((1, N, M, D), dtype)), _value(np.zeros((1, N, M, D), dtype))) for _ in range(copies)]
+    meta = [(_value(np.zeros((1, N, M, D), bounds_dtype)), _value(np.zeros((1, N, M, D), bounds_dtype)))
+            for _ in range(copies)]
     zero = np.zeros(1, np.int32)
     build = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=key, block_max=meta[0][0].numpy(),
                                                                      block_min=meta[0][1].numpy(), past_lens=zero),
@@ -232,59 +261,54 @@ def bench_metadata_build(dtype, C, P, N, D, threads, rng, rows):
     run = _steps(build, Feeds(copies, lambda c: dict(key=keys[c], block_max=meta[c][0], block_min=meta[c][1], past_lens=zero)))
     ms = time_rotating(run, copies)
     rows.append(dict(kind="metadata_build", context=C, dtype=np.dtype(dtype).name, block_size=P, heads=f"-/{N}/{D}",
-                     threads=threads, ms=round(ms, 4), bytes=key.nbytes, gb_per_s=round(key.nbytes / ms / 1e6, 2)))
-    print(f"  metadata_build     {ms:9.3f} ms {key.nbytes / ms / 1e6:7.1f} GB/s  (C={C}, {np.dtype(dtype).name}, P={P})", flush=True)
+                     bounds=np.dtype(bounds_dtype).name, threads=threads, ms=round(ms, 4), bytes=key.nbytes,
+                     gb_per_s=round(key.nbytes / ms / 1e6, 2)))
+    print(f"  metadata_build     {ms:9.3f} ms {key.nbytes / ms / 1e6:7.1f} GB/s  (C={C}, {np.dtype(dtype).name} keys, "
+          f"{np.dtype(bounds_dtype).name} bounds, P={P})", flush=True)
 
 
 def summarize(rows, bandwidth):
     """The issue's targets, from the measured rows (None where a row is missing)."""
-    def ms(**match):
+    def row(**match):
         found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-        return found[0]["ms"] if found else None
+        return found[0] if found else None
 
-    def gbs(**match):
-        found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-        return found[0]["gb_per_s"] if found else None
-
-    headline = dict(heads="32/8/128", context=32768, dtype="float32", threads=1)
-    budget = dict(block_size=32, top_k=32, group_reduce="mean")
+    headline = dict(heads="32/8/128", context=32768, dtype="float32")
     out = {}
-    for threads, suffix, label in ((1, "", ""), (2, "_two_threads", "two_thread_")):
+    for threads, suffix in ((1, ""), (2, "_two_threads")):
         at = dict(headline, threads=threads)
-        gqa, dense = ms(kind="gqa", **at), ms(kind="dense", **at)
-        step = ms(kind="sparse_step", **budget, **at)
-        if gqa and step:
-            out[f"sparse_step_speedup_vs_gqa{suffix}"] = round(gqa / step, 1)
+        gqa, gqa_int8, dense = (row(kind=kind, **at) for kind in ("gqa", "gqa_int8", "dense"))
+        for setting in SETTINGS:
+            step = row(kind="sparse_step", setting=setting.name, **at)
+            if step is None:
+                continue
+            if gqa:
+                out[f"{setting.name}_step_speedup_vs_gqa{suffix}"] = round(gqa["ms"] / step["ms"], 1)
+            if gqa_int8:
+                out[f"{setting.name}_step_speedup_vs_gqa_int8{suffix}"] = round(gqa_int8["ms"] / step["ms"], 1)
+            out[f"{setting.name}_step_ms{suffix}"] = step["ms"]
+            for kind in ("select", "sparse_attention"):
+                measured = row(kind=kind, setting=setting.name, **at)
+                if measured and "gb_per_s" in measured:
+                    out[f"{setting.name}_{kind}_fraction_of_bandwidth{suffix}"] = round(
+                        measured["gb_per_s"] / bandwidth[threads], 3)
+            attention = row(kind="sparse_attention", setting=setting.name, **at)
+            if attention and "reads_over_budget" in attention:
+                out[f"{setting.name}_attention_reads_over_budget"] = attention["reads_over_budget"]
         if gqa and dense:
-            out[f"dense_speedup_vs_gqa{suffix}"] = round(gqa / dense, 2)
-        for kind in ("select", "sparse_attention"):
-            value = gbs(kind=kind, **budget, **at)
-            if value:
-                out[f"{kind}_fraction_of_{label}bandwidth"] = round(value / bandwidth[threads], 3)
-    per_head = [r for r in rows if r["kind"] == "sparse_step" and r.get("group_reduce") == "none"
-                and all(r[k] == v for k, v in headline.items())]
-    gqa = ms(kind="gqa", **headline)
-    if per_head and gqa:  # each query head its own K blocks: a KV head reads the union of its heads' lists
-        out["per_head_step_ms_and_speedup_vs_gqa"] = [per_head[0]["ms"], round(gqa / per_head[0]["ms"], 1)]
-        out["per_head_reads_over_budget"] = [r for r in rows if r["kind"] == "sparse_attention"
-                                             and r.get("group_reduce") == "none"][0]["reads_over_budget"]
-        out["per_head_attention_gb_per_s"] = gbs(kind="sparse_attention", group_reduce="none", **headline)
-    build = gbs(kind="metadata_build", context=32768, dtype="float32", block_size=32, threads=1)
+            out[f"dense_speedup_vs_gqa{suffix}"] = round(gqa["ms"] / dense["ms"], 2)
+        if gqa and gqa_int8:
+            out[f"gqa_int8_speedup_vs_gqa{suffix}"] = round(gqa["ms"] / gqa_int8["ms"], 2)
+    build = row(kind="metadata_build", context=32768, dtype="float32", threads=1)
     if build:
-        out["metadata_build_fraction_of_bandwidth"] = round(build / bandwidth[1], 3)
-    small = ms(kind="metadata_update", heads="32/8/128", context=4096, dtype="float32", threads=1, **budget)
-    large = ms(kind="metadata_update", heads="32/8/128", context=65536, dtype="float32", threads=1, **budget)
+        out["metadata_build_fraction_of_bandwidth"] = round(build["gb_per_s"] / bandwidth[1], 3)
+    small = row(kind="metadata_update", heads="32/8/128", context=4096, dtype="float32", threads=1, setting="default")
+    large = row(kind="metadata_update", heads="32/8/128", context=65536, dtype="float32", threads=1, setting="default")
     if small and large:
-        out["metadata_update_64k_over_4k"] = round(large / small, 2)
-    one, two = ms(kind="dense", **headline), ms(kind="dense", **dict(headline, threads=2))
+        out["metadata_update_64k_over_4k"] = round(large["ms"] / small["ms"], 2)
+    one, two = row(kind="dense", **dict(headline, threads=1)), row(kind="dense", **dict(headline, threads=2))
     if one and two:
-        out["dense_two_thread_speedup"] = round(one / two, 2)
-    for dtype in DTYPES:
-        g = ms(kind="gqa", heads="32/8/128", context=32768, dtype=dtype, threads=1)
-        s = ms(kind="sparse_step", heads="32/8/128", context=32768, dtype=dtype, threads=1, **budget)
-        d = ms(kind="dense", heads="32/8/128", context=32768, dtype=dtype, threads=1)
-        if g and s and d:
-            out[f"{dtype}_32k_step_dense_gqa_ms"] = [s, d, g]
+        out["dense_two_thread_speedup"] = round(one["ms"] / two["ms"], 2)
     return out
 
 
@@ -294,30 +318,32 @@ def plot(rows, bandwidth, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    default = SETTINGS[0]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for dtype, style in (("float32", "-"), ("float16", "--")):
-        for kind, color in (("sparse_step", "tab:green"), ("dense", "tab:blue"), ("gqa", "tab:red")):
+        for kind, setting, color in (("sparse_step", "default", "tab:green"), ("dense", None, "tab:blue"),
+                                     ("gqa", None, "tab:red"), ("gqa_int8", None, "tab:orange")):
             points = sorted((r["context"], r["ms"]) for r in rows if r["kind"] == kind and r["dtype"] == dtype
-                            and r["heads"] == "32/8/128" and r["threads"] == 1 and r.get("block_size", 32) == 32
-                            and r.get("top_k", 32) == 32 and r.get("group_reduce", "mean") == "mean")
+                            and r["heads"] == "32/8/128" and r["threads"] == 1 and r.get("setting") == setting)
             if points:
                 axes[0].plot(*zip(*points), style, marker="o", color=color, label=f"{kind} {dtype}")
     axes[0].set(xscale="log", yscale="log", xlabel="cached tokens", ylabel="ms per decode step (one layer)",
-                title="H=32 N=8 D=128, 1 thread, P=32 K=32")
+                title=f"H=32 N=8 D=128, 1 thread; default P={default.block_size} K={default.top_k} "
+                f"{default.group_reduce}")
     axes[0].legend(fontsize=8)
-    kinds = ("metadata_build", "select", "sparse_attention", "dense", "gqa")
+    kinds = ("metadata_build", "select", "sparse_attention", "dense", "gqa", "gqa_int8")
     for offset, dtype in enumerate(DTYPES):
         values = []
         for kind in kinds:
             found = [r["gb_per_s"] for r in rows if r["kind"] == kind and r["dtype"] == dtype and r["threads"] == 1
-                     and r["context"] == 32768 and r.get("block_size", 32) == 32 and r["heads"] in ("32/8/128", "-/8/128")
-                     and r.get("group_reduce", "mean") == "mean"]
+                     and r["context"] == 32768 and r["heads"] in ("32/8/128", "-/8/128")
+                     and r.get("setting") in (None, "default")]
             values.append(found[0] if found else 0)
         axes[1].bar(np.arange(len(kinds)) + 0.4 * offset, values, width=0.4, label=dtype)
     axes[1].axhline(bandwidth[1], color="black", linestyle=":", label=f"read bandwidth {bandwidth[1]:.0f} GB/s")
     axes[1].axhline(0.7 * bandwidth[1], color="gray", linestyle=":", label="70%")
     axes[1].set_xticks(np.arange(len(kinds)) + 0.2, kinds, rotation=20)
-    axes[1].set(ylabel="GB/s on the bytes each must read", title="C=32K, 1 thread")
+    axes[1].set(ylabel="GB/s on the bytes each must read", title="C=32K, 1 thread, default setting")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -331,30 +357,29 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     rows: list[dict] = []
     print(f"quest_ort kernels: {native_kernel_isa()}; onnxruntime {ort.__version__}; {platform.processor() or platform.machine()}")
+    print("settings: " + "; ".join(f"{s.name}: P={s.block_size} K={s.top_k} {s.group_reduce}, bounds "
+                                   f"{s.bounds_dtype or 'as the cache'}" for s in SETTINGS))
     bandwidth = {threads: read_bandwidth(threads, repeats=12) for threads in (1, 2)}
     print(f"read bandwidth: {bandwidth[1]:.1f} GB/s (1 thread), {bandwidth[2]:.1f} GB/s (2 threads)")
     heads = HEADS[:1] if args.quick else HEADS
     contexts = (32768,) if args.quick else CONTEXTS
+    default, reference = SETTINGS
     for dtype in DTYPES:
         for C in contexts:
-            bench_metadata_build(dtype, C, 32, 8, 128, 1, rng, rows)
+            bench_metadata_build(dtype, C, default.block_size, 8, 128, 1, rng, rows, default.bounds_dtype or dtype)
     for H, N, D in heads:
         for C in (sorted(set(contexts) | {4096, 65536}) if not args.quick else (4096, 32768, 65536)):
             for dtype in DTYPES:
                 cfg = Config(H, N, D, C, dtype, rng)
-                for P, K in BUDGETS:
-                    print(f"H={H} N={N} D={D} C={C} {dtype} P={P} K={K}", flush=True)
-                    bench_config(cfg, P, K, 1, rng, rows)
-                if C in contexts:
-                    # The headline budget again on two threads, next to GQA and dense on two threads.
-                    print(f"H={H} N={N} D={D} C={C} {dtype} P=32 K=32, 2 threads", flush=True)
-                    bench_config(cfg, 32, 32, 2, rng, rows)
-                if (H, N, D, C, dtype) == (32, 8, 128, 32768, "float32"):
-                    print(f"H={H} N={N} D={D} C={C} {dtype} P=32 K=32, a selection per query head", flush=True)
-                    per_head = copy.copy(cfg)
-                    per_head.query = cfg.grouped_query(PER_HEAD_OWN, rng)
-                    bench_config(per_head, 32, 32, 1, rng, rows, group_reduce="none")
-                    print(f"H={H} N={N} D={D} C={C} {dtype} dense", flush=True)
+                print(f"H={H} N={N} D={D} C={C} {dtype}, {default.name}", flush=True)
+                bench_config(cfg, default, 1, rng, rows)
+                if C in contexts and (H, N, D) == HEADS[0]:
+                    print(f"H={H} N={N} D={D} C={C} {dtype}, {default.name}, 2 threads", flush=True)
+                    bench_config(cfg, default, 2, rng, rows)
+                if (H, N, D, C) == (*HEADS[0], 32768):
+                    print(f"H={H} N={N} D={D} C={C} {dtype}, {reference.name}", flush=True)
+                    bench_config(cfg, reference, 1, rng, rows)
+                    print(f"H={H} N={N} D={D} C={C} {dtype} dense, GroupQueryAttention", flush=True)
                     for threads in (1, 2):
                         bench_dense(cfg, threads, True, rows)
                 del cfg
@@ -363,6 +388,7 @@ def main(argv=None):
     args.output.mkdir(parents=True, exist_ok=True)
     report = dict(machine=dict(processor=platform.processor(), cpus=os.cpu_count(), isa=native_kernel_isa(),
                                onnxruntime=ort.__version__, python=sys.version.split()[0]),
+                  settings=[dataclasses.asdict(s) for s in SETTINGS],
                   read_bandwidth_gb_per_s={str(k): round(v, 2) for k, v in bandwidth.items()},
                   summary=summary, rows=rows)
     (args.output / "ops.json").write_text(json.dumps(report, indent=1))

@@ -146,8 +146,10 @@ QUEST_INLINE float step_max(float* logits, int64_t count, float max_logit) {
 QUEST_INLINE void weigh_step(float* logits, int64_t count, float new_max, float rescale, float& max_logit,
                              float& denominator, float* accumulator, int64_t Dp) {
   denominator = denominator * rescale;
-  const Lanes scale_lanes = Lanes::broadcast(rescale);
-  for (int64_t d = 0; d < Dp; d += kChunk) (Lanes::load(accumulator + d) * scale_lanes).store(accumulator + d);
+  if (rescale != 1.0f) {  // x * 1 is x, bit for bit (NaN, infinities and signed zeros too): skip the pass
+    const Lanes scale_lanes = Lanes::broadcast(rescale);
+    for (int64_t d = 0; d < Dp; d += kChunk) (Lanes::load(accumulator + d) * scale_lanes).store(accumulator + d);
+  }
   const Lanes shift = Lanes::broadcast(new_max);
   Lanes lane_sum = Lanes::zero();
   for (int64_t t = 0; t < count; t += kChunk) {

@@ -72,7 +72,7 @@ QUEST_INLINE void bounds4(const float* q0, const float* q1, const float* q2, con
     a2 = a2 + term(q2, h2, l2, d, D);
     a3 = a3 + term(q3, h3, l3, d, D);
   }
-  out[0] = a0.fold(), out[1] = a1.fold(), out[2] = a2.fold(), out[3] = a3.fold();
+  Lanes::fold4(a0, a1, a2, a3, out);  // the four canonical folds, shuffled into shared registers
 }
 
 template <typename TC>
