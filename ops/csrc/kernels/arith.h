@@ -72,21 +72,21 @@ inline float fused_dot(const TA* a, const TB* b, int64_t n) {
 inline constexpr int64_t kExactTile = 64;
 
 // exp(x) for the softmax, where x <= 0: range reduction by ln 2 and a degree-6 polynomial, with
-// mul and add only so that every SIMD variant can repeat it exactly. Below -87 (and for NaN) it
-// returns 0; above 0 it clamps to exp(0) = 1.
+// fused multiply-adds, multiplies and adds only so that every SIMD variant can repeat it exactly.
+// Below -87 (and for NaN) it returns 0; above 0 it clamps to exp(0) = 1.
 inline float canonical_exp(float x) {
   if (!(x >= -87.0f)) return 0.0f;
   if (x > 0.0f) x = 0.0f;
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
+  const float n = std::floor(std::fma(x, 1.44269504088896341f, 0.5f));
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r);
   p = p + 1.0f;
   const int32_t biased = static_cast<int32_t>(n) + 127;  // n in [-126, 0]: a normal power of two
   const uint32_t bits = static_cast<uint32_t>(biased) << 23;

@@ -72,16 +72,16 @@ QUEST_INLINE Lanes exp_lanes(Lanes x) {
   const Lanes lowest = Lanes::broadcast(-87.0f);
   const Lanes in_range = x;
   x = Lanes::min_select(Lanes::zero(), x);  // x > 0 ? 0 : x
-  const Lanes n = Lanes::floor(x * Lanes::broadcast(1.44269504088896341f) + Lanes::broadcast(0.5f));
-  Lanes r = x - n * Lanes::broadcast(0.693359375f);
-  r = r - n * Lanes::broadcast(-2.12194440e-4f);
+  const Lanes n = Lanes::floor(Lanes::fma(x, Lanes::broadcast(1.44269504088896341f), Lanes::broadcast(0.5f)));
+  Lanes r = Lanes::fma(n, Lanes::broadcast(-0.693359375f), x);
+  r = Lanes::fma(n, Lanes::broadcast(2.12194440e-4f), r);
   Lanes p = Lanes::broadcast(1.9875691500e-4f);
-  p = p * r + Lanes::broadcast(1.3981999507e-3f);
-  p = p * r + Lanes::broadcast(8.3334519073e-3f);
-  p = p * r + Lanes::broadcast(4.1665795894e-2f);
-  p = p * r + Lanes::broadcast(1.6666665459e-1f);
-  p = p * r + Lanes::broadcast(5.0000001201e-1f);
-  p = p * (r * r) + r;
+  p = Lanes::fma(p, r, Lanes::broadcast(1.3981999507e-3f));
+  p = Lanes::fma(p, r, Lanes::broadcast(8.3334519073e-3f));
+  p = Lanes::fma(p, r, Lanes::broadcast(4.1665795894e-2f));
+  p = Lanes::fma(p, r, Lanes::broadcast(1.6666665459e-1f));
+  p = Lanes::fma(p, r, Lanes::broadcast(5.0000001201e-1f));
+  p = Lanes::fma(p, r * r, r);
   p = p + Lanes::broadcast(1.0f);
   // Lanes below -87 (or NaN) give 0; their n may be out of range, but the mask discards them.
   return Lanes::keep_where_at_least(p * Lanes::pow2(Lanes::max_select(n, Lanes::broadcast(-126.0f))), in_range, lowest);
