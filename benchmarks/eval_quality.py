@@ -389,6 +389,8 @@ def main(argv=None):
     parser.add_argument("--no-recall", action="store_true", help="skip the attention-mass recall (one step per policy)")
     parser.add_argument("--reuse-exports", action="store_true", help="reuse the exports under build/eval (development)")
     parser.add_argument("--output", type=pathlib.Path, default=None)
+    parser.add_argument("--report-only", action="store_true",
+                        help="only write quality.md and the plots again from the output's quality.json")
     args = parser.parse_args(argv)
     args.reuse_exports |= args.quick
     output = args.output or (WORK / "quick" if args.quick else DOCS)
@@ -397,7 +399,7 @@ def main(argv=None):
     path = output / "quality.json"
     report = json.loads(path.read_text()) if path.is_file() else {}
     report.setdefault("models", {})
-    for name in names:
+    for name in [] if args.report_only else names:
         clock.phases = {}
         report["models"][name] = evaluate(name, Plan.of(name, args), args, clock)
         # Each model's rows are written as soon as they exist: a later failure loses nothing.

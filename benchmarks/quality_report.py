@@ -189,15 +189,15 @@ def summary(model) -> list[str]:
 
 def _model_header(model) -> list[str]:
     s, checks, phases = model["default_settings"], model["checks"], model["phases"]
-    prompts = ", ".join(f"{_short_length(n)}: {count}" for n, count in sorted(
+    prompts = ", ".join(f"{count} per depth at {_short_length(n)}" for n, count in sorted(
         (int(n), c) for n, c in model["lengths"].items()))
     timing = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in phases.items())
     timing += f"; {model['cpu_seconds']} s of CPU time"
-    return [f"**{model['model']}** ({model['layers']} layers, {model['heads']} query heads on {model['kv_heads']} KV "
-            f"heads, head dim {model['head_dim']}; layers {model['dense_layers']} dense). Default export "
+    return [f"Model: {model['layers']} layers, {model['heads']} query heads on {model['kv_heads']} KV "
+            f"heads, head dim {model['head_dim']}, layers {model['dense_layers']} dense. Default export "
             f"`SparseSettings(top_k=32)`: P={s['block_size']}, group_reduce {s['group_reduce']}, sink "
             f"{s['sink_blocks']}, recent {s['recent_blocks']} ({model['default']}); bounds {model['bounds_dtype']}, "
-            f"caches {model['kv_dtype']}. Pass keys per (length, depth) ({len(model['depths'])} depths): {prompts}; "
+            f"caches {model['kv_dtype']}. Pass keys at {len(model['depths'])} depths, {prompts}; "
             f"{model['answer_tokens']} greedy tokens each. Run time {model['seconds']} s ({timing}).",
             "", f"Checks: the evaluation's decode of the default export equals `Generator(model).generate` on "
             f"{checks['generator_agrees']} of {checks['prompts']} prompts (a difference stops the run); the variant of "
@@ -215,11 +215,19 @@ def markdown(report) -> list[str]:
     return lines
 
 
+def _budget_axis(ax, budgets) -> None:
+    ax.set_xscale("log")
+    ax.set_xticks(list(budgets), [str(b) for b in budgets])
+    ax.minorticks_off()
+    ax.set_xlabel("budget (tokens)")
+
+
 def _plots(report, folder: pathlib.Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     models = list(report["models"].values())
     columns = max(len(_lengths(m)) for m in models)
@@ -237,7 +245,8 @@ def _plots(report, folder: pathlib.Path) -> None:
                 budgets = sorted(cells)
                 ax.plot(budgets, [sum(cells[b]) / len(cells[b]) for b in budgets], marker="o",
                         linestyle="-" if key[1] == "none" else "--", label=policy_label(key))
-            ax.set(xscale="log", xlabel="budget (tokens)", title=f"{model['model'].split(' (')[0]}, {length} tokens")
+            _budget_axis(ax, model["budgets"])
+            ax.set(title=f"{model['model'].split(' (')[0]}, {length} tokens")
         axes[row][0].set_ylabel("share of the keys dense retrieves")
     axes[0][-1].legend(fontsize=6)
     fig.tight_layout()
@@ -250,14 +259,16 @@ def _plots(report, folder: pathlib.Path) -> None:
             series = collections.defaultdict(dict)
             for r in model["perplexity"]:
                 if r["config"] != "dense" and r["measure"] == measure:
-                    series[policy_key(r)][r["budget"]] = r["perplexity"] / dense
+                    series[policy_key(r)][r["budget"]] = (r["perplexity"] / dense - 1) * 100
             for key, cells in sorted(series.items()):
                 budgets = sorted(cells)
                 ax.plot(budgets, [cells[b] for b in budgets], marker="o",
                         linestyle="-" if key[1] == "none" else "--", label=policy_label(key))
-            ax.axhline(1.01, color="gray", linestyle=":", label="dense + 1%")
-            ax.set(xscale="log", yscale="log", xlabel="budget (tokens)", ylabel="perplexity / dense",
-                   title=f"{model['model'].split(' (')[0]}: {measure}")
+            ax.axhline(1, color="gray", linestyle=":", label="dense + 1%")
+            _budget_axis(ax, model["perplexity_budgets"])
+            ax.set_yscale("symlog", linthresh=1)  # linear within +-1%, logarithmic beyond
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:+g}%"))
+            ax.set(ylabel="change from dense (%)", title=f"{model['model'].split(' (')[0]}: {measure}")
     axes[0][-1].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(folder / "quality_perplexity.png", dpi=90)
