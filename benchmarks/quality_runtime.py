@@ -1,0 +1,297 @@
+"""The runtime side of the quality evaluation: selection policies as graph variants, caches shared between block sizes, and the steps Generator takes.
+
+A prompt is prefilled once, exactly (what `Generator` does by default; exact prefill depends neither on
+the selection policy nor on the block size P). Every policy then decodes from that state: a cache per
+P shares the keys and values and holds its own block bounds, recomputed from the keys as
+QuestMetadata builds them (rounded outward to the bounds' dtype, then merged in position order), and
+restored from a snapshot before each policy. `greedy_steps` steps a model exactly as
+`Generator.stream` does after its prefill, so a policy's answer is the one `Generator` would give.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from quest_ort.ops.reference.quest_metadata import rounded_outward
+from quest_ort.runtime.buffers import cache_buffer
+from quest_ort.runtime.generate import PREFILL_CHUNK, choose, Sampling
+from quest_ort.runtime.model import KVCache
+
+from harness import blocks_per_kv_head
+
+GREEDY = Sampling(max_new_tokens=1)  # choose() with temperature 0: the argmax, as Generator's greedy default
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Policy:
+    """How SparseBlockSelect chooses: block size, group reduction, forced sink and recent blocks."""
+
+    block_size: int
+    group_reduce: str
+    sink_blocks: int = 1
+    recent_blocks: int = 1
+
+    @classmethod
+    def of(cls, settings) -> Policy:
+        """The policy an export with these SparseSettings selects with."""
+        return cls(settings.block_size, settings.group_reduce, settings.sink_blocks, settings.recent_blocks)
+
+    @property
+    def name(self) -> str:
+        return f"P{self.block_size}-{self.group_reduce}-s{self.sink_blocks}r{self.recent_blocks}"
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Config:
+    """A policy at a budget of tokens per selection (K = budget / P blocks, forced blocks included)."""
+
+    policy: Policy
+    budget: int
+
+    def __post_init__(self):
+        if self.budget % self.policy.block_size:
+            raise ValueError(f"a budget of {self.budget} tokens is no whole number of {self.policy.block_size}-token blocks")
+
+    @property
+    def top_k(self) -> int:
+        return self.budget // self.policy.block_size
+
+    @property
+    def name(self) -> str:
+        return f"{self.policy.name}-K{self.top_k}"
+
+    def select_attributes(self) -> dict:
+        """SparseBlockSelect's attributes for this configuration (the bound score, no importance)."""
+        p = self.policy
+        return dict(top_k=self.top_k, group_reduce=p.group_reduce, sink_blocks=p.sink_blocks,
+                    recent_blocks=p.recent_blocks, score="bound", importance_fraction=0.0)
+
+
+def write_variant(folder: pathlib.Path, name: str, analysis: bool = False, **attributes) -> str:
+    """A graph next to the export in `folder` with new SparseBlockSelect attributes (same I/O, same
+    external weights); returns its file name. `analysis` also makes every attention exact and adds,
+    per sparse layer in graph order, two outputs: the selection [B, R, 1, K] and the attention mass
+    per cache block [B, N, MC]."""
+    model = onnx.load(str(folder / "model.quest.onnx"), load_external_data=False)
+    extra = []
+    for node in model.graph.node:
+        if node.op_type == "SparseBlockSelect":
+            kept = [a for a in node.attribute if a.name not in attributes]
+            del node.attribute[:]
+            node.attribute.extend(kept + [onnx.helper.make_attribute(k, v) for k, v in attributes.items()])
+            if analysis:
+                extra.append(node.output[0])
+        if analysis and node.op_type == "SparseBlockAttention" and len(node.input) > 6 and node.input[6]:
+            node.input[6] = ""  # no block_indices: every query attends exactly
+            while len(node.output) < 4:
+                node.output.append("")
+            node.output[3] = node.output[3] or f"{node.output[0]}.block_mass"
+            extra.append(node.output[3])
+    for output in extra:
+        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(output))
+    file = f"model.{name}{'.analysis' if analysis else ''}.onnx"
+    onnx.save(model, str(folder / file))
+    return file
+
+
+def shared_weights(folder: pathlib.Path, pool: dict | None = None) -> dict:
+    """Every initializer of the export in `folder` as an OrtValue, for sessions that share one copy.
+    `pool` (an earlier call's result, e.g. another block size's export of the same checkpoint)
+    lends its OrtValue wherever a tensor of the same name holds the same values."""
+    model = onnx.load(str(folder / "model.quest.onnx"))
+    values = {}
+    for tensor in model.graph.initializer:
+        array = np.ascontiguousarray(onnx.numpy_helper.to_array(tensor))
+        earlier = (pool or {}).get(tensor.name)
+        if earlier is not None and earlier.shape() == list(array.shape) and np.array_equal(earlier.numpy(), array):
+            values[tensor.name] = earlier
+        else:
+            values[tensor.name] = ort.OrtValue.ortvalue_from_numpy(array)
+    return values
+
+
+def block_bounds(keys: np.ndarray, length: int, block_size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Per-block channel max and min [..., ceil(length / P), D] of keys [..., C, D] over the first
+    `length` positions, as QuestMetadata builds them: each key rounded outward to `dtype` (toward
+    +inf into the max, -inf into the min), a block set by its first key and merged with each later one
+    by `max > key ? max : key` (`min < key ? min : key`), which decides ties such as -0 / +0 as the op does."""
+    above, below = rounded_outward(keys[..., :length, :], dtype)
+    blocks = -(-length // block_size)
+    high, low = above[..., ::block_size, :].copy(), below[..., ::block_size, :].copy()
+    for offset in range(1, block_size):
+        count = len(range(offset, length, block_size))  # the blocks that hold a key at this offset
+        if count == 0:
+            break
+        new_high, new_low = above[..., offset::block_size, :], below[..., offset::block_size, :]
+        head_high, head_low = high[..., :count, :], low[..., :count, :]
+        head_high[...] = np.where(head_high > new_high, head_high, new_high)
+        head_low[...] = np.where(head_low < new_low, head_low, new_low)
+    assert high.shape[-2] == blocks
+    return high, low
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bit for bit (so -0 differs from +0 and a NaN equals the same NaN)."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(
+        a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}"))
+
+
+def check_block_bounds(model, cache: KVCache) -> None:
+    """Raise unless block_bounds, from the keys in `cache`, reproduces (bit for bit) every row's
+    bounds that QuestMetadata built in it."""
+    for layer in model.sidecar.layers:
+        if not layer.sparse:
+            continue
+        for row, length in enumerate(cache.lengths.tolist()):
+            stored_max, stored_min = cache.buffers[layer.past_block_max][row], cache.buffers[layer.past_block_min][row]
+            high, low = block_bounds(cache.buffers[layer.past_key][row], length, model.sidecar.block_size,
+                                     stored_max.dtype)
+            blocks = high.shape[-2]
+            if not (same_bits(high, stored_max[:, :blocks]) and same_bits(low, stored_min[:, :blocks])):
+                raise AssertionError(f"recomputed block bounds differ from {layer.past_block_max} (row {row}, "
+                                     f"{length} tokens, P={model.sidecar.block_size}) that QuestMetadata built")
+
+
+def sharing_cache(model, source: KVCache) -> KVCache:
+    """A cache of `model` (any block size) that shares `source`'s key and value buffers and has its
+    own block bounds, empty until `rebuild_bounds`. Decode steps write keys and values only at and
+    after each row's length, so caches sharing them stay valid as long as each restores its own
+    lengths and bounds (Snapshot) before it steps."""
+    s = model.sidecar
+    bounds_dtype = np.dtype(s.bounds_dtype or s.kv_dtype)
+    blocks = -(-source.capacity // s.block_size)
+    buffers = {}
+    for layer in s.layers:
+        for name in (layer.past_key, layer.past_value):
+            buffers[name] = source.buffers[name]
+        if layer.sparse:
+            for name in (layer.past_block_max, layer.past_block_min):
+                buffers[name] = cache_buffer((source.batch, s.kv_num_heads, blocks, s.head_dim), bounds_dtype)
+        if layer.past_block_importance:
+            raise ValueError(f"{model.directory}: the evaluation runs bound-score exports without block importance")
+    values = {name: source.values[name] if array is source.buffers.get(name) else ort.OrtValue.ortvalue_from_numpy(array)
+              for name, array in buffers.items()}
+    return KVCache(source.capacity, source.lengths.copy(), buffers, values)
+
+
+def rebuild_bounds(model, cache: KVCache) -> None:
+    """Recompute every row's block bounds in `cache` from its keys (the state after an exact prefill
+    of `cache.lengths` tokens at `model`'s block size)."""
+    for layer in model.sidecar.layers:
+        if not layer.sparse:
+            continue
+        stored_max, stored_min = cache.buffers[layer.past_block_max], cache.buffers[layer.past_block_min]
+        for row, length in enumerate(cache.lengths.tolist()):
+            high, low = block_bounds(cache.buffers[layer.past_key][row], length, model.sidecar.block_size,
+                                     stored_max.dtype)
+            stored_max[row, :, : high.shape[-2]] = high
+            stored_min[row, :, : low.shape[-2]] = low
+
+
+def copy_prompt_state(model, source: KVCache, target: KVCache, row: int, length: int) -> None:
+    """Row 0's first `length` keys and values of `source` into `row` of `target` (caches of exports of
+    one checkpoint, whose layers share names), which then holds `length` tokens (bounds rebuilt later)."""
+    for layer in model.sidecar.layers:
+        for name in (layer.past_key, layer.past_value):
+            target.buffers[name][row, :, :length] = source.buffers[name][0, :, :length]
+    target.lengths[row] = length
+
+
+class Snapshot:
+    """A cache's lengths and block bounds, to put back before the next policy steps from them
+    (keys and values need no copy: see sharing_cache)."""
+
+    def __init__(self, cache: KVCache):
+        self.cache = cache
+        self.saved = {name: array.copy() for name, array in cache.buffers.items() if name.startswith("past_block_")}
+        self.lengths = cache.lengths.copy()
+
+    def restore(self) -> KVCache:
+        for name, array in self.saved.items():
+            self.cache.buffers[name][...] = array
+        self.cache.lengths[...] = self.lengths
+        return self.cache
+
+
+def greedy_steps(model, cache: KVCache, first_tokens, tokens: int) -> list[list[int]]:
+    """Generator.stream's greedy decode after its prefill, from a prefilled cache (no stop tokens):
+    each row's first token is the one chosen from the prefill's logits (`first_tokens`, the same
+    for every policy: an exact prefill does not select); each chosen token is then stepped with
+    every row valid and the next one chosen from the step's logits. Returns each row's `tokens`."""
+    chosen = np.asarray(first_tokens, np.int64)
+    rows = [[int(token)] for token in chosen]
+    valid = np.ones(cache.batch, np.int32)
+    for _ in range(tokens - 1):
+        logits = model.step(cache, chosen[:, None].astype(np.int64), valid=valid)[:, 0]
+        chosen = choose(logits, GREEDY, None)
+        for row, token in zip(rows, chosen.tolist()):
+            row.append(int(token))
+    return rows
+
+
+def analysis_step(model, cache: KVCache, tokens: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One decode step of tokens [B] through an analysis variant (write_variant(analysis=True)),
+    fed as QuestModel.step feeds a decode step; returns, per sparse layer in graph order, (the
+    selection [B, R, K], the exact attention mass per block [B, N, M]). The cache keeps what the step
+    wrote: restore it before the next policy."""
+    names = model.sidecar.inputs
+    feeds = {names["input_ids"]: np.asarray(tokens, np.int64)[:, None], names["past_lens"]: cache.lengths.copy(),
+             names["total_lens"]: cache.lengths + 1, names["exact_lens"]: cache.lengths.copy(), **cache.values}
+    outputs = model._step.run(feeds)  # the variant's extra outputs come back with the logits
+    extra = [o.name for o in model.session.get_outputs()
+             if o.name != model.sidecar.outputs["logits"] and not o.name.startswith("present")]
+    return [(outputs[selected][:, :, 0], outputs[mass]) for selected, mass in zip(extra[0::2], extra[1::2])]
+
+
+def attention_recall(layers: list[tuple[np.ndarray, np.ndarray]], kv_heads: int) -> list[float]:
+    """Per row: the mean, over sparse layers and KV heads, of the share of the exact attention mass
+    that falls in the blocks the KV head reads (analysis_step's output)."""
+    batch = layers[0][0].shape[0] if layers else 0
+    shares = [[] for _ in range(batch)]
+    for selected, mass in layers:
+        for row in range(batch):
+            for head, chosen in enumerate(blocks_per_kv_head(selected[row], kv_heads)):
+                shares[row].append(mass[row, head, chosen].sum() / mass[row, head].sum())
+    return [float(np.mean(row)) if row else float("nan") for row in shares]
+
+
+def tokens_read(layers: list[tuple[np.ndarray, np.ndarray]], kv_heads: int, block_size: int, budget: int) -> list[float]:
+    """Per row: the tokens a KV head reads (whole blocks of the union of its rows' selections),
+    relative to the budget, averaged over sparse layers and KV heads (analysis_step's output)."""
+    batch = layers[0][0].shape[0] if layers else 0
+    return [float(np.mean([chosen.size * block_size / budget for selected, _ in layers
+                           for chosen in blocks_per_kv_head(selected[row], kv_heads)])) for row in range(batch)]
+
+
+def token_losses(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Negative log-likelihood (float64) of each target under logits [S, V]."""
+    shifted = logits - logits.max(-1, keepdims=True)  # float32: exp of it cannot overflow
+    log_total = np.log(np.exp(shifted).sum(-1, dtype=np.float64))
+    return log_total - shifted[np.arange(len(targets)), targets].astype(np.float64)
+
+
+def teacher_forced(model, cache: KVCache, ids: list[int], start: int, exact: bool,
+                   chunk: int = PREFILL_CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """Feed ids[start:] (the cache holding ids[:start] in its one row) `chunk` positions per step;
+    returns the losses of targets ids[start + 1:] and the last position's logits. `exact`: every
+    token attends to its whole past; otherwise each selects its blocks, as a generated token does."""
+    if cache.batch != 1 or int(cache.lengths[0]) != start:
+        raise ValueError(f"the cache must hold the first {start} tokens in one row, it holds {cache.lengths.tolist()}")
+    losses, last = [], None
+    for begin in range(start, len(ids), chunk):
+        piece = ids[begin : begin + chunk]
+        logits = model.step(cache, np.array([piece], np.int64), exact=exact)[0]
+        targets = np.array(ids[begin + 1 : begin + 1 + len(piece)], np.int64)
+        losses.append(token_losses(logits[: len(targets)], targets))
+        last = logits[-1]
+    return np.concatenate(losses), last
+
+
+def perplexity(losses: np.ndarray) -> float:
+    return float(np.exp(np.mean(losses)))
