@@ -176,7 +176,8 @@ def test_a_portable_export_runs_without_the_library_and_matches_the_native_ops(t
     from quest_ort.runtime.generate import greedy
     from quest_ort.runtime.model import QuestModel
 
-    settings = SparseSettings(top_k=3, block_size=16, dense_layers=(0,), kv_dtype="float16", portable=True)
+    settings = SparseSettings(top_k=3, block_size=16, group_reduce="none", dense_layers=(0,), kv_dtype="float16",
+                              portable=True)
     export_sparse("qwen3", output=tmp_path / "portable", settings=settings, model=str(tiny_model("qwen3").checkpoint),
                   capacity=512, log=lambda *a, **k: None)
     graph = onnx.load(str(tmp_path / "portable" / "model.quest.onnx"), load_external_data=False)
@@ -184,7 +185,7 @@ def test_a_portable_export_runs_without_the_library_and_matches_the_native_ops(t
     assert all(opset.domain in ("", "ai.onnx") for opset in graph.opset_import)
     portable = QuestModel(tmp_path / "portable", threads=1)
     assert portable.sidecar.portable
-    native = QuestModel(quest_export("qwen3", top_k=3, kv_dtype="float16"), threads=1)
+    native = QuestModel(quest_export("qwen3", top_k=3, kv_dtype="float16", group_reduce="none"), threads=1)
     prompt = np.random.default_rng(3).integers(0, 256, 90).tolist()  # 6 blocks: the budget of 3 selects
     tokens, logits = greedy(portable, [prompt], 8, return_logits=True)
     want_tokens, want_logits = greedy(native, [prompt], 8, return_logits=True)

@@ -148,7 +148,7 @@ def test_chunked_prefill_matches_the_dense_baseline_past_one_chunk():
 
 
 def test_default_model_agrees_with_its_dense_baseline_over_64_tokens(tmp_path):
-    """The embedded default Qwen3 (as `make demo` exports it), inside the K=32 x P=32 budget."""
+    """The embedded default Qwen3 (as `make demo` exports it), inside its K=32 x P budget."""
     folders = {}
     for attention in ("quest", "gqa"):
         folders[attention] = tmp_path / attention
@@ -156,7 +156,8 @@ def test_default_model_agrees_with_its_dense_baseline_over_64_tokens(tmp_path):
                       capacity=1024, log=lambda *a, **k: None)
     quest, dense = QuestModel(folders["quest"]), QuestModel(folders["gqa"])
     assert quest.sidecar.sparse_layers == [2, 3, 4, 5, 6, 7]
-    prompt = np.random.default_rng(13).integers(0, quest.sidecar.vocab_size, 900).tolist()
+    budget = quest.sidecar.top_k * quest.sidecar.block_size
+    prompt = np.random.default_rng(13).integers(0, quest.sidecar.vocab_size, budget - 64).tolist()
     comparison = compare(quest, dense, [prompt], Sampling(max_new_tokens=64))
     assert comparison.identical, f"{comparison.matching_fraction:.0%} identical"
 

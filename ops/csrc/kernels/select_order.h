@@ -62,19 +62,26 @@ struct SelectScratch {
     std::push_heap(best.begin(), best.end(), worse);
   }
 
-  // Offers blocks [offered, end). With the heap full and its worst a number, a run of blocks none
-  // of which is greater than the worst is rejected by one branch-free pass.
+  // Offers blocks [offered, end). While the heap is full and its worst a number, runs of
+  // kRejectRun blocks none of which is greater than the worst are rejected by one branch-free pass
+  // each (what offer() would do block by block); a run holding a better block is offered one by one.
+  static constexpr int64_t kRejectRun = 32;
   void offer_until(const float* values, int64_t end) {
-    if (static_cast<int64_t>(best.size()) == keep && keep > 0 && !std::isnan(values[best.front()])) {
-      const float worst = values[best.front()];
-      bool any_greater = false;
-      for (int64_t m = offered; m < end; ++m) any_greater |= values[m] > worst;
-      if (!any_greater) {
-        offered = static_cast<int32_t>(end);
-        return;
+    while (offered < end) {
+      if (static_cast<int64_t>(best.size()) < keep || keep == 0 || std::isnan(values[best.front()])) {
+        offer(values);
+        continue;
       }
+      const float worst = values[best.front()];
+      const int64_t stop = std::min<int64_t>(end, offered + kRejectRun);
+      bool any_greater = false;
+      for (int64_t m = offered; m < stop; ++m) any_greater |= values[m] > worst;
+      if (!any_greater) {
+        offered = static_cast<int32_t>(stop);
+        continue;
+      }
+      while (offered < stop) offer(values);
     }
-    while (offered < end) offer(values);
   }
 
   // Offers the blocks up to `eligible` not offered yet, then takes the kept ones.

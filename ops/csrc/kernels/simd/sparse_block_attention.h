@@ -197,7 +197,8 @@ template <typename T, typename TC>
 void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, H = prm.num_heads;
   const int64_t G = H / prm.kv_heads, Dp = padded(D), Pp = padded(rows_per_block(prm));
-  thread_local AttentionScratch s;
+  thread_local AttentionScratch scratch;
+  AttentionScratch& s = scratch;  // one TLS lookup (see sparse_block_select_items)
   s.fit(G, Dp, Pp);
   for (int64_t unit = begin; unit < end; ++unit) {
     const AttentionUnit u = attention_unit(prm, unit);

@@ -168,7 +168,8 @@ template <typename T, typename TC>
 void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
   const int64_t S = prm.query_len, K = prm.top_k, P = prm.block_size, M = prm.num_blocks, D = prm.head_dim;
   const int64_t Dp = padded(D), selections = selections_per_item(prm);
-  thread_local SelectScratch s;
+  thread_local SelectScratch scratch;
+  SelectScratch& s = scratch;  // one TLS lookup: each use of a thread_local in a shared library is a call
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads;
     const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
