@@ -13,6 +13,8 @@ import sys
 from .families import FAMILIES
 from .rewrite import ExportError, SparseSettings
 
+_DEFAULT = SparseSettings(top_k=1)  # the option defaults are the settings' own (one source of truth)
+
 
 def _layers(text: str) -> tuple[int, ...]:
     if text.strip().lower() in ("", "none"):
@@ -54,14 +56,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="local Hugging Face folder, a .gguf file, or a hub id (needs a network); "
                    "default: a small model of the family with deterministic random weights")
     p.add_argument("--k", type=_positive, required=True, help="selection budget in blocks per KV head (top_k)")
-    p.add_argument("--block-size", type=_positive, default=32, help="tokens per metadata block P (default 32)")
-    p.add_argument("--sink", type=int, default=1, help="leading blocks always selected (default 1)")
-    p.add_argument("--recent", type=int, default=1,
-                   help="blocks ending at the query's own block always selected (default 1)")
-    p.add_argument("--group-reduce", choices=("mean", "max", "none"), default="mean",
-                   help="score a KV head with its query heads' mean (default) or the max of their bounds, or "
-                   "'none': every query head selects its own K blocks (Quest's per-head selection; reads up to "
-                   "G times the blocks)")
+    p.add_argument("--block-size", type=_positive, default=_DEFAULT.block_size,
+                   help=f"tokens per metadata block P (default {_DEFAULT.block_size})")
+    p.add_argument("--sink", type=int, default=_DEFAULT.sink_blocks,
+                   help=f"leading blocks always selected (default {_DEFAULT.sink_blocks})")
+    p.add_argument("--recent", type=int, default=_DEFAULT.recent_blocks,
+                   help=f"blocks ending at the query's own block always selected (default {_DEFAULT.recent_blocks})")
+    p.add_argument("--group-reduce", choices=("none", "mean", "max"), default=_DEFAULT.group_reduce,
+                   help=f"'none': every query head selects its own K blocks (Quest's per-head selection; a KV head "
+                   f"reads the union, up to G times the blocks); 'mean' or 'max': one selection per KV head scored "
+                   f"with its query heads' mean or the max of their bounds (default {_DEFAULT.group_reduce})")
     p.add_argument("--importance-fraction", type=_fraction, default=0.0,
                    help="share of the free budget chosen by accumulated attention mass, recorded from the "
                    "prefill on (default 0: off)")
