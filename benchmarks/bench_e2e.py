@@ -1,10 +1,13 @@
-"""End-to-end decode: a model with Qwen3-0.6B's geometry, Quest (K=32, P=32) against the same model
-with ONNX Runtime's GroupQueryAttention, both over float16 in-place caches.
+"""End-to-end decode and prefill: a model with Qwen3-0.6B's geometry exported with the defaults
+(`export-sparse qwen3 --k 32 --kv-dtype float16`) against the same model with ONNX Runtime's
+GroupQueryAttention, both over float16 in-place caches.
 
-Random weights (28 layers, hidden 1024, 16 query heads, 8 KV heads, head dim 128, vocab 151936);
-the caches are filled synthetically to 4K, 16K and 32K tokens (both models read the very same
-buffers), then each decodes a few tokens. Also a 4K-token prefill per model: seconds and peak RSS
-(each in its own process). Prints a table, writes results/e2e.json and e2e.png.
+Random weights (28 layers, hidden 1024, 16 query heads, 8 KV heads, head dim 128, vocab 151936).
+Decode: the caches are filled synthetically to 4K, 16K and 32K tokens (both models read the very
+same buffers), then each decodes a few tokens. Prefill (time to first token): 4K- and 8K-token
+prompts through the runtime's `prefill` (exact, the default), each model in its own process so
+its peak RSS is its own, the two models one after the other per length. Prints a table, writes
+results/e2e.json and e2e.png.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ GEOMETRY = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num
                 tie_word_embeddings=True)
 CONTEXTS = (4096, 16384, 32768)
 CAPACITY = 32768 + 64
+PREFILL_TOKENS = (4096, 8192)
+SETTINGS = dict(top_k=32, kv_dtype="float16")  # the export's defaults otherwise
 
 
 def ensure_models() -> dict[str, pathlib.Path]:
@@ -40,32 +45,38 @@ def ensure_models() -> dict[str, pathlib.Path]:
         build_default_model(FAMILIES["qwen3"], checkpoint, **GEOMETRY)
     folders = {}
     for attention in ("quest", "gqa"):
-        folder = MODELS / f"qwen3-0.6b-geometry-{attention}"
+        settings = SparseSettings(**SETTINGS, attention=attention)
+        # (named by what selection it exports, so an export of other defaults is not reused)
+        name = "gqa" if attention == "gqa" else f"quest-k{settings.top_k}-p{settings.block_size}-{settings.group_reduce}"
+        folder = MODELS / f"qwen3-0.6b-geometry-{name}"
         if not (folder / "quest_model.json").is_file():
-            settings = SparseSettings(top_k=32, block_size=32, kv_dtype="float16", attention=attention)
             export_sparse("qwen3", output=folder, settings=settings, model=str(checkpoint), capacity=CAPACITY,
                           overwrite=True)
         folders[attention] = folder
     return folders
 
 
-def fill(cache, context: int, rng) -> None:
-    """Synthetic caches holding `context` tokens per row: random keys/values, consistent metadata."""
-    for name, array in cache.buffers.items():
-        if "block" in name:
+def fill(model, cache, context: int, rng) -> None:
+    """Synthetic caches holding `context` tokens per row: random keys/values, and block bounds as
+    QuestMetadata writes them (each block's channel max and min, rounded outward to the bounds' dtype)."""
+    from quest_ort.ops.reference.quest_metadata import rounded_outward
+
+    for layer in model.sidecar.layers:
+        for name in (layer.past_key, layer.past_value):
+            flat = cache.buffers[name].reshape(-1)
+            for start in range(0, flat.size, 1 << 24):
+                part = flat[start : start + (1 << 24)]
+                part[:] = rng.standard_normal(part.size, dtype=np.float32)
+        if layer.past_block_max is None:  # a dense layer
             continue
-        flat = array.reshape(-1)
-        for start in range(0, flat.size, 1 << 24):
-            part = flat[start : start + (1 << 24)]
-            part[:] = rng.standard_normal(part.size, dtype=np.float32)
-    for name, array in cache.buffers.items():
-        if name.startswith("past_block_max."):
-            layer = name.split(".")[-1]
-            keys = cache.buffers[f"past_key.{layer}"][:, :, :context]
-            B, N, _, D = keys.shape
-            blocks = keys.reshape(B, N, context // 32, 32, D)
-            array[:, :, : context // 32] = blocks.max(axis=3)
-            cache.buffers[f"past_block_min.{layer}"][:, :, : context // 32] = blocks.min(axis=3)
+        high, low = cache.buffers[layer.past_block_max], cache.buffers[layer.past_block_min]
+        block_size = model.sidecar.block_size
+        assert context % block_size == 0
+        keys = cache.buffers[layer.past_key][:, :, :context].astype(np.float32)
+        B, N, _, D = keys.shape
+        blocks = keys.reshape(B, N, context // block_size, block_size, D)
+        high[:, :, : context // block_size] = rounded_outward(blocks.max(axis=3), high.dtype)[0]
+        low[:, :, : context // block_size] = rounded_outward(blocks.min(axis=3), low.dtype)[1]
     cache.lengths[:] = context
 
 
@@ -98,6 +109,7 @@ print(json.dumps({"seconds": round(seconds, 2), "peak_rss_gb": round(peak / 2**2
 
 
 def prefill_run(folder: pathlib.Path, tokens: int, threads: int) -> dict:
+    """One prefill of `tokens` random ids in a process of its own: seconds and peak RSS."""
     run = subprocess.run([sys.executable, "-c", PREFILL_CHILD, str(folder), str(tokens), str(threads)],
                          capture_output=True, text=True, cwd=pathlib.Path(__file__).resolve().parent)
     if run.returncode != 0:
@@ -105,7 +117,21 @@ def prefill_run(folder: pathlib.Path, tokens: int, threads: int) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def plot(rows, path):
+def prefill_pairs(folders: dict, lengths, threads: int) -> list[dict]:
+    """Per prompt length, Quest's prefill then GroupQueryAttention's, each in its own process."""
+    rows = []
+    for tokens in lengths:
+        runs = {kind: prefill_run(folder, tokens, threads) for kind, folder in folders.items()}
+        row = dict(tokens=tokens, **{kind: run for kind, run in runs.items()})
+        if all("seconds" in run for run in runs.values()):
+            row["time_ratio"] = round(runs["quest"]["seconds"] / runs["gqa"]["seconds"], 3)
+            row["peak_rss_ratio"] = round(runs["quest"]["peak_rss_gb"] / runs["gqa"]["peak_rss_gb"], 3)
+        print(f"prefill {tokens:5d} tokens: {row}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def plot(rows, path, label):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -114,7 +140,7 @@ def plot(rows, path):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for kind, color in (("quest", "tab:green"), ("gqa", "tab:red")):
         points = sorted((r["context"], r["ms_per_token"]) for r in rows if r["model"] == kind)
-        ax.plot(*zip(*points), marker="o", color=color, label={"quest": "Quest K=32 P=32", "gqa": "GroupQueryAttention"}[kind])
+        ax.plot(*zip(*points), marker="o", color=color, label={"quest": label, "gqa": "GroupQueryAttention"}[kind])
     ax.set(xscale="log", xlabel="cached tokens", ylabel="ms per decoded token",
            title="Qwen3-0.6B geometry, float16 KV, 28 layers")
     ax.legend()
@@ -126,13 +152,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--prefill-tokens", type=int, default=4096)
+    parser.add_argument("--prefill-tokens", type=lambda text: tuple(int(t) for t in text.split(",")),
+                        default=PREFILL_TOKENS, help="prompt lengths of the prefill runs, comma-separated")
     args = parser.parse_args(argv)
     from quest_ort.runtime.model import QuestModel
 
     folders = ensure_models()
     quest = QuestModel(folders["quest"], threads=args.threads)
     gqa = QuestModel(folders["gqa"], threads=args.threads)
+    settings = quest.sidecar
+    label = f"Quest K={settings.top_k} P={settings.block_size} {settings.group_reduce}"
     cache = quest.new_cache(1, CAPACITY)
     gqa_cache = gqa.new_cache(1, CAPACITY)
     # Both models read the same key/value buffers (same layout), so they decode the same context.
@@ -142,7 +171,7 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     rows = []
     for context in CONTEXTS:
-        fill(cache, context, rng)
+        fill(quest, cache, context, rng)
         for kind, model, model_cache in (("quest", quest, cache), ("gqa", gqa, gqa_cache)):
             ms = decode_ms(model, model_cache, context, args.steps)
             rows.append(dict(model=kind, context=context, ms_per_token=round(ms, 2), threads=args.threads))
@@ -151,14 +180,13 @@ def main(argv=None):
                 / next(r["ms_per_token"] for r in rows if r["model"] == "quest" and r["context"] == c) for c in CONTEXTS}
     print("speedup:", {c: round(s, 2) for c, s in speedups.items()})
     del quest, gqa, cache, gqa_cache
-    prefill = {kind: prefill_run(folder, args.prefill_tokens, args.threads) for kind, folder in folders.items()}
-    print("prefill:", prefill)
+    prefill = prefill_pairs(folders, args.prefill_tokens, args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    report = dict(geometry=GEOMETRY, kv_dtype="float16", top_k=32, block_size=32, threads=args.threads,
-                  decode=rows, speedup={str(c): round(s, 2) for c, s in speedups.items()},
-                  prefill_tokens=args.prefill_tokens, prefill=prefill)
+    report = dict(geometry=GEOMETRY, kv_dtype="float16", top_k=settings.top_k, block_size=settings.block_size,
+                  group_reduce=settings.group_reduce, bounds_dtype=settings.bounds_dtype, threads=args.threads,
+                  decode=rows, speedup={str(c): round(s, 2) for c, s in speedups.items()}, prefill=prefill)
     (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
-    plot(rows, RESULTS / "e2e.png")
+    plot(rows, RESULTS / "e2e.png", label)
     print(f"wrote {RESULTS / 'e2e.json'} and e2e.png")
 
 

@@ -75,8 +75,10 @@ class Plan:
         if args.quick:  # one short prompt, one budget, a short text
             return cls(lengths_option(args.lengths or "1024", args.keys or 1), depths=(0.5,), budgets=(256,),
                        perplexity_budgets=(256,), perplexity_tokens=1024, continuation_from=512)
+        tokens = args.perplexity_tokens or PERPLEXITY_TOKENS
         return cls(lengths_option(args.lengths or defaults["lengths"], args.keys or defaults["keys"]),
-                   perplexity_budgets=args.perplexity_budgets or defaults["perplexity_budgets"])
+                   perplexity_budgets=args.perplexity_budgets or defaults["perplexity_budgets"],
+                   perplexity_tokens=tokens, continuation_from=tokens // 2)
 
 
 def lengths_option(text: str, keys_per_depth: int) -> dict[int, int]:
@@ -382,6 +384,9 @@ def main(argv=None):
                         help="budgets of the perplexity runs, comma-separated (default per model: "
                         + "; ".join(f"{m} {','.join(map(str, v['perplexity_budgets']))}" for m, v in MODELS.items())
                         + "); pass keys run every budget of " + ",".join(map(str, BUDGETS)))
+    parser.add_argument("--perplexity-tokens", type=int, default=None,
+                        help=f"tokens of text the perplexity runs score, the continuation from half of them "
+                        f"(default {PERPLEXITY_TOKENS})")
     parser.add_argument("--quick", action="store_true", help="smoke run: one short prompt, one budget, short text; "
                         "writes build/eval/quick unless --output is given")
     parser.add_argument("--threads", type=int, default=None)

