@@ -6,7 +6,7 @@ key/value -Cast(TC)-ScatterElements(axis=2) into [cache ; dummy row C]-Slice(:C)
 query -Cast(f32)-Reshape[B,N,G,S,D]-MatMul(K^T)*scale-(softcap)-Where(mask, ., -inf)-softmax
    mask = causal (t <= p, valid query) AND (block(t) in block_indices[b, n or h, s] OR p < exact_lens[b])
 probabilities -MatMul(V)-Transpose-Reshape[B,S,H*D]-Cast(T)-> output
-probabilities -ReduceSum(G, S)-Pad(M*P)-Reshape[B,N,M,P]-ReduceSum-> block_importance
+probabilities -ReduceSum(G, S)-Pad(M*min(P,C))-Reshape[B,N,M,min(P,C)]-ReduceSum-> block_importance
 ```
 Invalid tokens write into the dummy row C, which is sliced away; queries with nothing to attend
 output zeros.
@@ -93,8 +93,11 @@ def sparse_block_attention_body(
     outputs = [output, key_cache_out, value_cache_out]
     if with_importance:
         per_row = op.ReduceSum(probabilities, ints(op, 2, 3), keepdims=0)  # [B, N, C]
-        padding = op.Sub(op.Mul(num_blocks, ints(op, block_size)), C)
+        # A block longer than the cache is the whole cache (M = 1): rows of min(P, C) positions then
+        # make the same blocks, and the padding stays below C (P = 2^31 - 1 would pad to 8 GB).
+        rows_per_block = op.Min(ints(op, block_size), C)
+        padding = op.Sub(op.Mul(num_blocks, rows_per_block), C)
         padded = op.Pad(per_row, op.Concat(ints(op, 0, 0, 0, 0, 0), padding, axis=0))
-        blocks = op.Reshape(padded, op.Concat(op.Shape(per_row, end=2), num_blocks, ints(op, block_size), axis=0))
+        blocks = op.Reshape(padded, op.Concat(op.Shape(per_row, end=2), num_blocks, rows_per_block, axis=0))
         outputs.append(op.ReduceSum(blocks, ints(op, -1), keepdims=0))
     return tuple(outputs)
