@@ -57,6 +57,8 @@ def _speeds(comparison: Comparison) -> None:
 
 PASS_KEY = ("There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
             "I will quiz you about the pass key.")
+# (Without "Answer with the number only." SmolLM2 itself misses the key of this 8K-token prompt.)
+QUESTION = "What is the pass key? Answer with the number only."
 
 
 def pass_key_sentence(key: str) -> str:
@@ -71,7 +73,7 @@ def pass_key_prompt(tokenizer, key: str, tokens: int) -> list[int]:
     """A chat prompt of about `tokens` tokens hiding `key` at half depth."""
     repeats = max(1, (tokens - 120) // len(tokenizer(FILLER).input_ids))
     text = FILLER * (repeats // 2) + pass_key_sentence(key) + " " + FILLER * (repeats - repeats // 2)
-    messages = [{"role": "user", "content": f"{PASS_KEY}\n\n{text}\n\nWhat is the pass key?"}]
+    messages = [{"role": "user", "content": f"{PASS_KEY}\n\n{text}\n\n{QUESTION}"}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
