@@ -55,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
                    help="model family (decides the default model and which rewrite rules apply)")
     p.add_argument("--model", help="local Hugging Face folder, a .gguf file, or a hub id (needs a network); "
                    "default: a small model of the family with deterministic random weights")
-    p.add_argument("--k", type=_positive, required=True, help="selection budget in blocks per KV head (top_k)")
+    p.add_argument("--k", type=_positive, required=True, help="selection budget in blocks (top_k): per query head with --group-reduce none (the "
+                   "default), per KV head otherwise")
     p.add_argument("--block-size", type=_positive, default=_DEFAULT.block_size,
                    help=f"tokens per metadata block P (default {_DEFAULT.block_size})")
     p.add_argument("--sink", type=int, default=_DEFAULT.sink_blocks,

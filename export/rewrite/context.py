@@ -14,8 +14,8 @@ from ...ops.schemas import DOMAIN
 @dataclasses.dataclass(frozen=True)
 class SparseSettings:
     top_k: int
-    # The defaults keep the answers (docs/quality.md, measured through Generator on SmolLM2 and
-    # Qwen2.5-Coder): blocks of 8 tokens, every query head selecting its own K of them.
+    # The defaults keep the answers (docs/quality.md, measured through Generator on SmolLM2):
+    # blocks of 8 tokens, every query head selecting its own K of them.
     block_size: int = 8
     sink_blocks: int = 1
     recent_blocks: int = 1
