@@ -58,8 +58,8 @@ def ensure_models() -> dict[str, pathlib.Path]:
 
 def fill(model, cache, context: int, rng) -> None:
     """Synthetic caches holding `context` tokens per row: random keys/values, and block bounds as
-    QuestMetadata writes them (each block's channel max and min, rounded outward to the bounds' dtype)."""
-    from quest_ort.ops.reference.quest_metadata import rounded_outward
+    QuestMetadata writes them (quality_runtime.block_bounds: keys rounded outward, then merged)."""
+    from quality_runtime import block_bounds
 
     for layer in model.sidecar.layers:
         for name in (layer.past_key, layer.past_value):
@@ -70,13 +70,9 @@ def fill(model, cache, context: int, rng) -> None:
         if layer.past_block_max is None:  # a dense layer
             continue
         high, low = cache.buffers[layer.past_block_max], cache.buffers[layer.past_block_min]
-        block_size = model.sidecar.block_size
-        assert context % block_size == 0
-        keys = cache.buffers[layer.past_key][:, :, :context].astype(np.float32)
-        B, N, _, D = keys.shape
-        blocks = keys.reshape(B, N, context // block_size, block_size, D)
-        high[:, :, : context // block_size] = rounded_outward(blocks.max(axis=3), high.dtype)[0]
-        low[:, :, : context // block_size] = rounded_outward(blocks.min(axis=3), low.dtype)[1]
+        bounds = block_bounds(cache.buffers[layer.past_key], context, model.sidecar.block_size, high.dtype)
+        blocks = bounds[0].shape[-2]
+        high[:, :, :blocks], low[:, :, :blocks] = bounds
     cache.lengths[:] = context
 
 
