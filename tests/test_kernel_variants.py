@@ -118,3 +118,36 @@ def test_bounds_round_outward_alike_on_every_variant(machine, tmp_path):
 
     expected = quest_metadata(**inputs, block_size=1)
     _check_variants(machine, "QuestMetadata", case, inputs, dict(block_size=1), expected, tmp_path)
+
+
+def _bounds_no_keys_give(inputs, seed=5):
+    """Bounds as any caller may pass them: in half the blocks, each lane's max and min drawn apart
+    (so max < min in about half of those lanes); one lane in ten blocks a NaN, an infinity or a
+    signed zero; query lanes of +0 and -0. The SIMD scores take a faster path where every lane of a
+    chunk has max >= min; these chunks take both paths, next to each other."""
+    rng = np.random.default_rng(seed)
+    block_max, block_min = inputs["block_max"].copy(), inputs["block_min"].copy()
+    shape = block_max.shape  # [B, N, M, D]
+    apart = rng.random(shape[:3]) < 0.5
+    block_max[apart] = rng.standard_normal((apart.sum(), shape[3])).astype(block_max.dtype)
+    block_min[apart] = rng.standard_normal((apart.sum(), shape[3])).astype(block_min.dtype)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
+    for bounds in (block_max, block_min):
+        hit = np.argwhere(rng.random(shape[:3]) < 0.1)
+        lanes = rng.integers(0, shape[3], len(hit))
+        for (b, n, m), d in zip(hit, lanes):
+            bounds[b, n, m, d] = rng.choice(specials)
+    query = inputs["query"].copy()
+    query[rng.random(query.shape) < 0.05] = 0.0
+    query[rng.random(query.shape) < 0.05] = -0.0
+    return dict(inputs, block_max=block_max, block_min=block_min, query=query)
+
+
+BOUND_CASES = [c for c in CASES if c.score == "bound" and c.ranks_blocks()][:8]
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+@pytest.mark.parametrize("case", BOUND_CASES, ids=lambda case: case.id)
+def test_select_on_bounds_no_keys_give(case, machine, tmp_path):
+    inputs, attributes, expected = reference_outputs("SparseBlockSelect", case, _bounds_no_keys_give)
+    _check_variants(machine, "SparseBlockSelect", case, inputs, attributes, expected, tmp_path)

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <vector>
 
 #include "sparse_block_select.h"
@@ -23,71 +25,100 @@ inline bool ranks_before(const float* values, int32_t a, int32_t b) {
   return a < b;
 }
 
+// A block's rank as one integer, greater for a block that ranks before (ranks_before): the value's
+// order-preserving bits (NaN lowest, -0 as +0) above the complement of the index (ties to the
+// lower index). Sorting candidates by it needs no NaN tests and no trip to the values.
+inline uint64_t rank_key(const float* values, int32_t m) {
+  const float v = values[m];
+  uint32_t bits = 0;  // NaN
+  if (!std::isnan(v)) {
+    const float canonical = v == 0.0f ? 0.0f : v;
+    std::memcpy(&bits, &canonical, sizeof bits);
+    bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);  // numbers above 0, in order
+  }
+  return (static_cast<uint64_t>(bits) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(m));
+}
+
+inline int32_t key_block(uint64_t key) { return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)); }
+
 // Reusable buffers of one row's selection.
 struct SelectScratch {
   std::vector<float> scores;       // [eligible]
   std::vector<int32_t> chosen;     // chosen blocks, in the order they were taken
-  std::vector<int32_t> best;       // heap of the best candidates so far
+  std::vector<uint64_t> best;      // rank keys of the candidates for the best blocks (see offer)
   std::vector<uint8_t> taken;      // [eligible]
   std::vector<float> query;        // variant-owned: the (reduced) query rows
+  std::vector<float> query_positive;  // variant-owned: their lanes' q > 0 masks
   std::vector<float> key;          // variant-owned: one probed key row
   std::vector<float> head_scores;  // variant-owned: scores of every query head of a group
-  int64_t keep = 0;                // blocks the heap keeps
+  int64_t keep = 0;                // blocks to choose
   int32_t offered = 0;             // blocks [0, offered) went through offer()
+  int32_t worst = -1;              // the threshold block (see offer); -1 before there is one
 
-  // Starts a heap of the best `count` untaken blocks by `values`, offered in ascending order.
+  // Starts choosing the best `count` untaken blocks by `values`, offered in ascending order.
   void begin_best(int64_t count) {
     best.clear();
     keep = count;
     offered = 0;
+    worst = -1;
   }
 
-  // Offers block `offered` (its value ready in values): a bounded heap whose top is the worst kept
-  // block. With the heap full, the block (above every kept index, so never first on a tie) ranks
-  // before the worst kept one exactly when its value is greater, or is a number while the worst is
-  // NaN: one compare rejects almost every block.
+  // Offers block `offered` (its value ready in values). Candidates collect the blocks that rank
+  // before the threshold block `worst`, the keep-th best candidate at the last prune; when they
+  // reach twice `keep` they are pruned to the best `keep` (a partial sort by the total order) and
+  // the threshold rises. A block (above every candidate's index, so never first on a tie) ranks
+  // before the threshold exactly when its value is greater, or is a number while the threshold's
+  // is NaN: one compare rejects almost every block, and a block let in costs an append where a
+  // heap paid a sift.
   void offer(const float* values) {
     const int32_t m = offered++;
-    const auto worse = [values](int32_t a, int32_t b) { return ranks_before(values, a, b); };
-    if (taken[m]) return;
-    if (static_cast<int64_t>(best.size()) < keep) {
-      best.push_back(m);
-      std::push_heap(best.begin(), best.end(), worse);
-      return;
-    }
-    const float worst = values[best.front()], value = values[m];
-    if (std::isnan(worst) ? std::isnan(value) : !(value > worst)) return;
-    std::pop_heap(best.begin(), best.end(), worse);
-    best.back() = m;
-    std::push_heap(best.begin(), best.end(), worse);
+    if (taken[m] || keep == 0) return;
+    if (worst >= 0 && !ranks_before(values, m, worst)) return;
+    best.push_back(rank_key(values, m));
+    if (static_cast<int64_t>(best.size()) == (worst < 0 ? keep : 2 * keep)) prune();
   }
 
-  // Offers blocks [offered, end). While the heap is full and its worst a number, runs of
-  // kRejectRun blocks none of which is greater than the worst are rejected by one branch-free pass
-  // each (what offer() would do block by block); a run holding a better block is offered one by one.
+  // Keeps the best `keep` candidates; the keep-th becomes the threshold.
+  void prune() {
+    std::nth_element(best.begin(), best.begin() + (keep - 1), best.end(), std::greater<uint64_t>());
+    best.resize(keep);
+    worst = key_block(best[keep - 1]);
+  }
+
+  // Offers blocks [offered, end). While the threshold is a number, a run of kRejectRun blocks none
+  // of which is greater is rejected by one branch-free pass (a fixed count, so the compiler
+  // vectorizes it); in a run that holds a greater block, the blocks before it are rejected (what
+  // offer() does with them) and it alone is offered.
   static constexpr int64_t kRejectRun = 32;
   void offer_until(const float* values, int64_t end) {
     while (offered < end) {
-      if (static_cast<int64_t>(best.size()) < keep || keep == 0 || std::isnan(values[best.front()])) {
+      if (worst < 0 || std::isnan(values[worst])) {
         offer(values);
         continue;
       }
-      const float worst = values[best.front()];
-      const int64_t stop = std::min<int64_t>(end, offered + kRejectRun);
-      bool any_greater = false;
-      for (int64_t m = offered; m < stop; ++m) any_greater |= values[m] > worst;
-      if (!any_greater) {
-        offered = static_cast<int32_t>(stop);
+      const float threshold = values[worst];
+      if (offered + kRejectRun <= end && !any_greater(values + offered, threshold)) {
+        offered += static_cast<int32_t>(kRejectRun);
         continue;
       }
-      while (offered < stop) offer(values);
+      const int64_t stop = std::min<int64_t>(end, offered + kRejectRun);
+      while (offered < stop && !(values[offered] > threshold)) ++offered;
+      if (offered < stop) offer(values);
     }
+  }
+
+  static bool any_greater(const float* run, float threshold) {
+    int greater = 0;  // an int, not a bool: GCC vectorizes the int reduction only
+    for (int64_t j = 0; j < kRejectRun; ++j) greater |= run[j] > threshold;
+    return greater != 0;
   }
 
   // Offers the blocks up to `eligible` not offered yet, then takes the kept ones.
   void end_best(const float* values, int64_t eligible) {
     offer_until(values, eligible);
-    for (const int32_t m : best) {
+    if (static_cast<int64_t>(best.size()) > keep) prune();
+    for (const uint64_t key : best) {
+      const int32_t m = key_block(key);
       taken[m] = 1;
       chosen.push_back(m);
     }
@@ -137,8 +168,8 @@ void select_row(const SparseBlockSelectParams& prm, const float* importance, int
     remaining -= by_importance;
   }
   if (remaining > 0) {
-    // Scoring may offer blocks to the heap as their scores are written (s.offer_until, ascending),
-    // so that the heap's work overlaps the reads; the blocks it did not offer follow here.
+    // Scoring may offer blocks to the selection as their scores are written (s.offer_until, ascending),
+    // so that its work overlaps the reads; the blocks it did not offer follow here.
     s.scores.resize(eligible);
     s.begin_best(remaining);
     score_blocks(eligible, s.scores.data());

@@ -49,6 +49,22 @@ struct Lanes {
   static float32x4_t lt_select(float32x4_t x, float32x4_t y) { return vbslq_f32(vcltq_f32(x, y), x, y); }
   static Lanes max_select(Lanes x, Lanes y) { return {gt_select(x.a, y.a), gt_select(x.b, y.b), gt_select(x.c, y.c), gt_select(x.d, y.d)}; }
   static Lanes min_select(Lanes x, Lanes y) { return {lt_select(x.a, y.a), lt_select(x.b, y.b), lt_select(x.c, y.c), lt_select(x.d, y.d)}; }
+  // All-one bits in the lanes where q > 0 (ordered: not for NaN or zeros), zero bits elsewhere.
+  static float32x4_t positive(float32x4_t x) { return vreinterpretq_f32_u32(vcgtq_f32(x, vdupq_n_f32(0.0f))); }
+  static Lanes positive_mask(Lanes q) { return {positive(q.a), positive(q.b), positive(q.c), positive(q.d)}; }
+  // x in the lanes whose mask bits are set, y elsewhere.
+  static float32x4_t bit_select(float32x4_t mask, float32x4_t x, float32x4_t y) {
+    return vbslq_f32(vreinterpretq_u32_f32(mask), x, y);
+  }
+  static Lanes select_bits(Lanes m, Lanes x, Lanes y) {
+    return {bit_select(m.a, x.a, y.a), bit_select(m.b, x.b, y.b), bit_select(m.c, x.c, y.c), bit_select(m.d, x.d, y.d)};
+  }
+  // True when x >= y in every lane (false if either holds a NaN).
+  static bool all_at_least(Lanes x, Lanes y) {
+    const uint32x4_t ge = vandq_u32(vandq_u32(vcgeq_f32(x.a, y.a), vcgeq_f32(x.b, y.b)),
+                                    vandq_u32(vcgeq_f32(x.c, y.c), vcgeq_f32(x.d, y.d)));
+    return vminvq_u32(ge) != 0;
+  }
   // x * y + z rounded once (the attention's canonical multiply-add; FMLA is baseline AArch64).
   static Lanes fma(Lanes x, Lanes y, Lanes z) {
     return {vfmaq_f32(z.a, x.a, y.a), vfmaq_f32(z.b, x.b, y.b), vfmaq_f32(z.c, x.c, y.c), vfmaq_f32(z.d, x.d, y.d)};

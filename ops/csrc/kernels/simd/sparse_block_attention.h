@@ -193,12 +193,12 @@ void attend_selected(const SparseBlockAttentionParams& prm, int64_t item, int64_
 // Work units [begin, end) (attention_unit: an item's queries [first, last)): every valid query
 // attends, the exact ones (a prefix of the call) in query tiles over every position, the rest query
 // by query over their blocks.
+// With the calling thread's scratch `s`, not inlined for the reason select_items_with gives.
 template <typename T, typename TC>
-void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
+[[gnu::noinline]] void attention_items_with(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end,
+                                            AttentionScratch& s) {
   const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, H = prm.num_heads;
   const int64_t G = H / prm.kv_heads, Dp = padded(D), Pp = padded(rows_per_block(prm));
-  thread_local AttentionScratch scratch;
-  AttentionScratch& s = scratch;  // one TLS lookup (see sparse_block_select_items)
   s.fit(G, Dp, Pp);
   for (int64_t unit = begin; unit < end; ++unit) {
     const AttentionUnit u = attention_unit(prm, unit);
@@ -219,6 +219,12 @@ void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64
       attend_selected<T, TC>(prm, u.item, i, key_cache, value_cache, s, output(i), importance);
     }
   }
+}
+
+template <typename T, typename TC>
+void attention_items(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
+  thread_local AttentionScratch scratch;
+  attention_items_with<T, TC>(prm, begin, end, scratch);
 }
 
 }  // namespace quest::QUEST_ISA

@@ -47,93 +47,126 @@ int64_t load_query_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n
   return 1;
 }
 
-// Bounds of four (query row, block) pairs at once: independent sums, each in canonical order.
-// Plain locals (no arrays of vectors) keep the accumulators and pointers in registers.
+// Query rows [heads][Dp] with, per lane, the mask of q > 0 (Lanes::positive_mask), made once per
+// query for every block it scores.
+struct BoundRows {
+  const float* rows;
+  const float* positive;
+  int64_t heads, Dp;
+};
+
+inline BoundRows bound_rows(const float* rows, int64_t heads, int64_t Dp, std::vector<float>& positive) {
+  positive.resize(heads * Dp);
+  for (int64_t j = 0; j < heads * Dp; j += kChunk) Lanes::positive_mask(Lanes::load(rows + j)).store(positive.data() + j);
+  return {rows, positive.data(), heads, Dp};
+}
+
+// The canonical bound term max(q * hi, q * lo) (`a > b ? a : b`) of a chunk whose lanes all hold
+// hi >= lo: there it is q * (q > 0 ? hi : lo), value for value (monotone rounding; a NaN q, or
+// q = 0 against an infinite bound, gives what the max gives), so one select and one multiply
+// replace two multiplies and a max. Only zero signs may differ (+0 for -0), and a lane summed from
+// +0 cannot tell them apart. Real bounds always take this path; others take the general one.
+QUEST_INLINE Lanes ordered_term(Lanes q, Lanes positive, Lanes hi, Lanes lo) { return q * Lanes::select_bits(positive, hi, lo); }
+QUEST_INLINE Lanes general_term(Lanes q, Lanes hi, Lanes lo) { return Lanes::max_select(q * hi, q * lo); }
+
+// Bounds of four query rows (q, positive masks) against one block: independent sums, each in
+// canonical order. Plain locals (no arrays of vectors) keep the accumulators in registers.
 template <typename TC>
-QUEST_INLINE void bounds4(const float* q0, const float* q1, const float* q2, const float* q3, const TC* h0, const TC* h1,
-             const TC* h2, const TC* h3, const TC* l0, const TC* l1, const TC* l2, const TC* l3, int64_t D,
-             float* out) {
+QUEST_INLINE void bounds4(const BoundRows& r, int64_t g, const TC* hi, const TC* lo, int64_t D, float* out) {
+  const float *q0 = r.rows + g * r.Dp, *q1 = q0 + r.Dp, *q2 = q1 + r.Dp, *q3 = q2 + r.Dp;
+  const float *p0 = r.positive + g * r.Dp, *p1 = p0 + r.Dp, *p2 = p1 + r.Dp, *p3 = p2 + r.Dp;
   Lanes a0 = Lanes::zero(), a1 = a0, a2 = a0, a3 = a0;
-  const auto term = [](const float* q, const TC* hi, const TC* lo, int64_t d, int64_t D) {
-    const Lanes qd = Lanes::load(q + d);
-    return Lanes::max_select(qd * load_row(hi, d, D), qd * load_row(lo, d, D));
+  const auto chunk = [&](int64_t d, Lanes h, Lanes l) {
+    if (Lanes::all_at_least(h, l)) {
+      a0 = a0 + ordered_term(Lanes::load(q0 + d), Lanes::load(p0 + d), h, l);
+      a1 = a1 + ordered_term(Lanes::load(q1 + d), Lanes::load(p1 + d), h, l);
+      a2 = a2 + ordered_term(Lanes::load(q2 + d), Lanes::load(p2 + d), h, l);
+      a3 = a3 + ordered_term(Lanes::load(q3 + d), Lanes::load(p3 + d), h, l);
+    } else {
+      a0 = a0 + general_term(Lanes::load(q0 + d), h, l);
+      a1 = a1 + general_term(Lanes::load(q1 + d), h, l);
+      a2 = a2 + general_term(Lanes::load(q2 + d), h, l);
+      a3 = a3 + general_term(Lanes::load(q3 + d), h, l);
+    }
   };
   int64_t d = 0;
-  for (; d + kChunk <= D; d += kChunk) {
-    Lanes x0 = Lanes::load(q0 + d), x1 = Lanes::load(q1 + d), x2 = Lanes::load(q2 + d), x3 = Lanes::load(q3 + d);
-    a0 = a0 + Lanes::max_select(x0 * Lanes::load(h0 + d), x0 * Lanes::load(l0 + d));
-    a1 = a1 + Lanes::max_select(x1 * Lanes::load(h1 + d), x1 * Lanes::load(l1 + d));
-    a2 = a2 + Lanes::max_select(x2 * Lanes::load(h2 + d), x2 * Lanes::load(l2 + d));
-    a3 = a3 + Lanes::max_select(x3 * Lanes::load(h3 + d), x3 * Lanes::load(l3 + d));
-  }
-  if (d < D) {
-    a0 = a0 + term(q0, h0, l0, d, D);
-    a1 = a1 + term(q1, h1, l1, d, D);
-    a2 = a2 + term(q2, h2, l2, d, D);
-    a3 = a3 + term(q3, h3, l3, d, D);
-  }
+  for (; d + kChunk <= D; d += kChunk) chunk(d, Lanes::load(hi + d), Lanes::load(lo + d));
+  if (d < D) chunk(d, load_partial(hi + d, D - d), load_partial(lo + d, D - d));  // zero past D, like q
   Lanes::fold4(a0, a1, a2, a3, out);  // the four canonical folds, shuffled into shared registers
 }
 
 template <typename TC>
-QUEST_INLINE float bound1(const float* q, const TC* hi, const TC* lo, int64_t D) {
+QUEST_INLINE float bound1(const BoundRows& r, int64_t g, const TC* hi, const TC* lo, int64_t D) {
+  const float *q = r.rows + g * r.Dp, *positive = r.positive + g * r.Dp;
   Lanes acc = Lanes::zero();
-  int64_t d = 0;
-  for (; d + kChunk <= D; d += kChunk) {
-    const Lanes qd = Lanes::load(q + d);
-    acc = acc + Lanes::max_select(qd * Lanes::load(hi + d), qd * Lanes::load(lo + d));
-  }
-  if (d < D) {
-    const Lanes qd = Lanes::load(q + d);
-    acc = acc + Lanes::max_select(qd * load_partial(hi + d, D - d), qd * load_partial(lo + d, D - d));
+  for (int64_t d = 0; d < D; d += kChunk) {
+    const Lanes h = load_row(hi, d, D), l = load_row(lo, d, D), qd = Lanes::load(q + d);
+    acc = acc + (Lanes::all_at_least(h, l) ? ordered_term(qd, Lanes::load(positive + d), h, l) : general_term(qd, h, l));
   }
   return acc.fold();
 }
 
-// The bound of each of `heads` query rows against one block, passed to emit(row, bound) in row
-// order: four rows share each read of the block, the one to three left go alone (bounds4 and
-// bound1 are the same canonical sum).
+// The bound of each query row against one block, passed to emit(row, bound) in row order: four
+// rows share each read of the block, the one to three left go alone (bounds4 and bound1 are the
+// same canonical sum).
 template <typename TC, typename Emit>
-QUEST_INLINE void for_each_row_bound(const float* rows, int64_t heads, int64_t Dp, const TC* hi, const TC* lo,
-                                     int64_t D, Emit&& emit) {
+QUEST_INLINE void for_each_row_bound(const BoundRows& r, const TC* hi, const TC* lo, int64_t D, Emit&& emit) {
   int64_t g = 0;
-  for (; g + 4 <= heads; g += 4) {
-    const float* q = rows + g * Dp;
+  for (; g + 4 <= r.heads; g += 4) {
     float bound[4];
-    bounds4(q, q + Dp, q + 2 * Dp, q + 3 * Dp, hi, hi, hi, hi, lo, lo, lo, lo, D, bound);
+    bounds4(r, g, hi, lo, D, bound);
     for (int64_t j = 0; j < 4; ++j) emit(g + j, bound[j]);
   }
-  for (; g < heads; ++g) emit(g, bound1(rows + g * Dp, hi, lo, D));
+  for (; g < r.heads; ++g) emit(g, bound1(r, g, hi, lo, D));
 }
 
-// Scores of blocks [0, eligible): `heads` query rows (1 with mean reduction), max-reduced over rows
+// Block `m`'s bounds on their way to the cache while earlier blocks are scored, when m is in range.
+// The scan reads two streams per KV head (max and min); measured on cold data at 32K, the hardware
+// prefetchers alone left the scoring waiting on memory.
+inline constexpr int64_t kPrefetchBlocks = 32;
+
+template <typename TC>
+QUEST_INLINE void prefetch_bounds(const TC* kmax, const TC* kmin, int64_t m, int64_t eligible, int64_t D) {
+  if (m >= eligible) return;
+  const char* hi = reinterpret_cast<const char*>(kmax + m * D);
+  const char* lo = reinterpret_cast<const char*>(kmin + m * D);
+  for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(TC)); byte += 64) {
+    __builtin_prefetch(hi + byte);
+    __builtin_prefetch(lo + byte);
+  }
+}
+
+// Scores of blocks [0, eligible): the query rows (1 with mean reduction), max-reduced over rows
 // in row order. Blocks go strictly in memory order (the access pattern the prefetchers stream best).
-// The scores go to the row's top-k heap (`heap`) four blocks at a time as they are written: the
-// heap's work then runs while the next blocks' bounds are on their way from memory (after the whole
-// scan it left the reads idle: 32K select 8-18% slower from memory, 5% faster from cache), and
-// small batches keep its branches out of the scoring loop.
+// The scores go to the row's selection (`selection.offer_until`) four blocks at a time as they are
+// written: its work then runs while the next blocks' bounds are on their way from memory (after the
+// whole scan it left the reads idle: 32K select 8-18% slower from memory, 5% faster from cache),
+// and small batches keep its branches out of the scoring loop.
 inline constexpr int64_t kOfferBatch = 4;
 
 template <typename TC>
-void score_blocks(const float* rows, int64_t heads, int64_t Dp, const TC* kmax, const TC* kmin, int64_t D,
-                  int64_t eligible, float* scores, SelectScratch& heap) {
+void score_blocks(const BoundRows& r, const TC* kmax, const TC* kmin, int64_t D, int64_t eligible, float* scores,
+                  SelectScratch& selection) {
   for (int64_t m = 0; m < eligible; ++m) {
+    prefetch_bounds(kmax, kmin, m + kPrefetchBlocks, eligible, D);
     float score = 0.0f;
-    for_each_row_bound(rows, heads, Dp, kmax + m * D, kmin + m * D, D,
+    for_each_row_bound(r, kmax + m * D, kmin + m * D, D,
                        [&](int64_t g, float bound) { score = g == 0 ? bound : max_select(bound, score); });
     scores[m] = score;
-    if ((m + 1) % kOfferBatch == 0) heap.offer_until(scores, m + 1);
+    if ((m + 1) % kOfferBatch == 0) selection.offer_until(scores, m + 1);
   }
 }
 
-// Scores of blocks [0, eligible) for each of `heads` query rows on its own: scores[g * eligible + m].
-// One pass over the metadata for all the rows, where a pass per row would read it `heads` times.
+// Scores of blocks [0, eligible) for each query row on its own: scores[g * eligible + m]. One pass
+// over the metadata for all the rows, where a pass per row would read it once per row.
 template <typename TC>
-void score_blocks_per_row(const float* rows, int64_t heads, int64_t Dp, const TC* kmax, const TC* kmin, int64_t D,
-                          int64_t eligible, float* scores) {
-  for (int64_t m = 0; m < eligible; ++m)
-    for_each_row_bound(rows, heads, Dp, kmax + m * D, kmin + m * D, D,
+void score_blocks_per_row(const BoundRows& r, const TC* kmax, const TC* kmin, int64_t D, int64_t eligible,
+                          float* scores) {
+  for (int64_t m = 0; m < eligible; ++m) {
+    prefetch_bounds(kmax, kmin, m + kPrefetchBlocks, eligible, D);
+    for_each_row_bound(r, kmax + m * D, kmin + m * D, D,
                        [&](int64_t g, float bound) { scores[g * eligible + m] = bound; });
+  }
 }
 
 // Probe scores, as the scalar kernel orders them: per block, probes in order, rows in order.
@@ -164,12 +197,14 @@ void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, i
   }
 }
 
+// Items [begin, end) with the calling thread's scratch `s`. Not inlined into the caller that looks
+// the thread_local up: in a shared library every use of a thread_local may be a __tls_get_addr call
+// (the compiler re-derives its address in loops), a plain reference stays in a register.
 template <typename T, typename TC>
-void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
+[[gnu::noinline]] void select_items_with(const SparseBlockSelectParams& prm, int64_t begin, int64_t end,
+                                         SelectScratch& s) {
   const int64_t S = prm.query_len, K = prm.top_k, P = prm.block_size, M = prm.num_blocks, D = prm.head_dim;
   const int64_t Dp = padded(D), selections = selections_per_item(prm);
-  thread_local SelectScratch scratch;
-  SelectScratch& s = scratch;  // one TLS lookup: each use of a thread_local in a shared library is a call
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads;
     const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
@@ -194,7 +229,8 @@ void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin
             if (!scored) {
               load_group_rows<T>(prm, b, n, i, s.query);
               s.head_scores.resize(selections * eligible);
-              score_blocks_per_row(s.query.data(), selections, Dp, kmax, kmin, D, eligible, s.head_scores.data());
+              score_blocks_per_row(bound_rows(s.query.data(), selections, Dp, s.query_positive), kmax, kmin, D, eligible,
+                                   s.head_scores.data());
               scored = true;
             }
             const float* own_scores = s.head_scores.data() + own * eligible;
@@ -204,12 +240,18 @@ void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin
             if (prm.score == ScoreMode::Probe)
               probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query.data(), Dp, s.key, scores);
             else
-              score_blocks(s.query.data(), heads, Dp, kmax, kmin, D, eligible, scores, s);
+              score_blocks(bound_rows(s.query.data(), heads, Dp, s.query_positive), kmax, kmin, D, eligible, scores, s);
           }
         });
       }
     }
   }
+}
+
+template <typename T, typename TC>
+void sparse_block_select_items(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
+  thread_local SelectScratch scratch;
+  select_items_with<T, TC>(prm, begin, end, scratch);
 }
 
 }  // namespace quest::QUEST_ISA

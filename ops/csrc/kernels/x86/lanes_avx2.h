@@ -40,6 +40,20 @@ struct Lanes {
   // maxps/minps are exactly `a > b ? a : b` and `a < b ? a : b`, NaN and signed zeros included.
   static Lanes max_select(Lanes a, Lanes b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
   static Lanes min_select(Lanes a, Lanes b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+  // All-one bits in the lanes where q > 0 (ordered: not for NaN or zeros), zero bits elsewhere.
+  static Lanes positive_mask(Lanes q) {
+    const __m256 zero = _mm256_setzero_ps();
+    return {_mm256_cmp_ps(q.lo, zero, _CMP_GT_OQ), _mm256_cmp_ps(q.hi, zero, _CMP_GT_OQ)};
+  }
+  // a in the lanes whose mask is set, b elsewhere (masks from positive_mask: all bits or none).
+  static Lanes select_bits(Lanes mask, Lanes a, Lanes b) {
+    return {_mm256_blendv_ps(b.lo, a.lo, mask.lo), _mm256_blendv_ps(b.hi, a.hi, mask.hi)};
+  }
+  // True when a >= b in every lane (ordered: false if either holds a NaN).
+  static bool all_at_least(Lanes a, Lanes b) {
+    const __m256 ge = _mm256_and_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GE_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_GE_OQ));
+    return _mm256_movemask_ps(ge) == 0xFF;
+  }
   // a * b + c rounded once (the attention's canonical multiply-add; FMA3 comes with AVX2 here).
   static Lanes fma(Lanes a, Lanes b, Lanes c) {
     return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};

@@ -32,6 +32,17 @@ struct Lanes {
   // maxps/minps are exactly `a > b ? a : b` and `a < b ? a : b`, NaN and signed zeros included.
   static Lanes max_select(Lanes a, Lanes b) { return {_mm512_max_ps(a.v, b.v)}; }
   static Lanes min_select(Lanes a, Lanes b) { return {_mm512_min_ps(a.v, b.v)}; }
+  // All-one bits in the lanes where q > 0 (ordered: not for NaN or zeros), zero bits elsewhere.
+  static Lanes positive_mask(Lanes q) {
+    return {_mm512_castsi512_ps(_mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(q.v, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_epi32(-1)))};
+  }
+  // a in the lanes whose mask bits are set, b elsewhere (one ternary-logic op: mask ? a : b bitwise).
+  static Lanes select_bits(Lanes mask, Lanes a, Lanes b) {
+    return {_mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(mask.v), _mm512_castps_si512(a.v),
+                                                          _mm512_castps_si512(b.v), 0xCA))};
+  }
+  // True when a >= b in every lane (ordered: false if either holds a NaN).
+  static bool all_at_least(Lanes a, Lanes b) { return _mm512_cmp_ps_mask(a.v, b.v, _CMP_GE_OQ) == 0xFFFF; }
   // a * b + c rounded once (the attention's canonical multiply-add).
   static Lanes fma(Lanes a, Lanes b, Lanes c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
   static Lanes floor(Lanes a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)}; }
