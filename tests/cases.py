@@ -282,3 +282,31 @@ CALLS = {
     "SparseBlockAttention-dense": ("SparseBlockAttention", functools.partial(attention_args, sparse=False)),
 }
 
+
+# Numbers at and past the edges: NaN of either sign, infinities, signed zeros, float32 and float16
+# subnormals, float16's largest value and values that overflow it (a float16 cache stores them as inf).
+SPECIALS = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 3e-8, 65504.0, -65504.0, 7e4, -7e4],
+                    np.float64)
+
+
+def sprinkle_specials(array, rng, fraction=0.003):
+    """Replaces about `fraction` of the elements (at least one) with SPECIALS, in place."""
+    flat = array.reshape(-1)
+    assert np.shares_memory(flat, array), "sprinkle_specials needs a contiguous array"
+    if flat.size == 0:
+        return
+    hits = np.unique(np.concatenate([rng.integers(0, flat.size, 1), np.flatnonzero(rng.random(flat.size) < fraction)]))
+    with np.errstate(over="ignore"):
+        flat[hits] = rng.choice(SPECIALS, hits.size).astype(np.float32).astype(array.dtype)
+
+
+def with_specials(inputs: dict, seed: int = 11) -> dict:
+    """The inputs with about 0.3% (at least one) of each floating array's elements replaced by
+    SPECIALS (block_importance aside: it is not a number the model makes)."""
+    rng = np.random.default_rng(seed)
+    out = dict(inputs)
+    for name, array in inputs.items():
+        if isinstance(array, np.ndarray) and array.dtype.kind == "f" and name != "block_importance":
+            out[name] = array.copy()
+            sprinkle_specials(out[name], rng)
+    return out

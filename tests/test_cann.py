@@ -19,7 +19,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from cases import CASES
+from cases import CASES, with_specials
 from driver_cases import OUTPUTS, read_output, total_lens, write_case
 from driver_cases import expected as reference_outputs
 from tolerances import assert_close, assert_equal, assert_used_blocks_equal
@@ -54,10 +54,11 @@ def _plan(run) -> dict:
     return {words[i]: int(words[i + 1]) for i in range(0, len(words) - 1, 2) if re.fullmatch(r"-?\d+", words[i + 1])}
 
 
-def _emulated_plan(directory, op_name, case, npu, **overrides):
-    """Runs `op_name` on `case` in the emulator of `npu` (see _npu_options); checks the plan stays
-    within the NPU's cores and UB; returns (plan, the inputs, the reference outputs)."""
-    inputs, attributes, expected = reference_outputs(op_name, case)
+def _emulated_plan(directory, op_name, case, npu, inputs_of=None, **overrides):
+    """Runs `op_name` on `case` (its inputs changed by `inputs_of`, if given) in the emulator of
+    `npu` (see _npu_options); checks the plan stays within the NPU's cores and UB; returns (plan,
+    the inputs, the reference outputs)."""
+    inputs, attributes, expected = reference_outputs(op_name, case, inputs_of)
     plan = _plan(_emulate(directory, op_name, inputs, attributes, case, npu, **overrides))
     options = _npu_options(npu, overrides)
     assert plan["cores"] <= options["npu_cores"] and plan["ub_used"] <= options["npu_ub_bytes"]
@@ -80,6 +81,20 @@ def test_select_plan_matches_the_reference(case, npu, tmp_path):
     if npu == "1-core-16KB" and case.num_blocks() > 16:
         assert plan["blocks_per_chunk"] < case.num_blocks(), "the tiny UB should cut the blocks into chunks"
     assert_equal(read_output(tmp_path, "cann", "block_indices", expected[0]), expected[0], f"{npu} block_indices")
+
+
+@pytest.mark.parametrize("op_name", ["QuestMetadata", "SparseBlockSelect"])
+@pytest.mark.parametrize("case", [c for c in NPU_SELECT_CASES if c.ranks_blocks()][:4], ids=lambda case: case.id)
+def test_plans_on_non_finite_numbers_match_the_reference(case, op_name, tmp_path):
+    """NaN of either sign, infinities, subnormals and float16 overflow (docs/ops.md, non-finite
+    numbers): the emulated NPU kernels' bounds and selections equal the reference bit for bit."""
+    _, inputs, expected = _emulated_plan(tmp_path, op_name, case, "1-core-16KB", with_specials)
+    for name, want in zip(OUTPUTS[op_name], expected):
+        got = read_output(tmp_path, "cann", name, want)
+        if op_name == "QuestMetadata":
+            assert_used_blocks_equal(got, want, total_lens(inputs, case), case.block_size, name)
+        else:
+            assert_equal(got, want, name)
 
 
 @pytest.mark.parametrize("case", [c for c in NPU_SELECT_CASES if c.ranks_blocks()][:6], ids=lambda case: case.id)

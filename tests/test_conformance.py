@@ -10,7 +10,7 @@ import functools
 import numpy as np
 import pytest
 
-from cases import CASES, attention_args, make_data, metadata_args, select_args
+from cases import CASES, attention_args, make_data, metadata_args, select_args, with_specials
 from quest_ort.ops.reference import quest_metadata, sparse_block_attention, sparse_block_select
 from quest_ort.runtime.single_op import run_op
 from tolerances import assert_close, assert_equal, assert_used_blocks_equal
@@ -57,6 +57,27 @@ def test_sparse_block_select(case, native):
 def test_sparse_block_attention(case, native, sparse):
     inputs, attributes = attention_args(_data(case), sparse)
     output, key_cache, value_cache, importance = _expected_attention(case, sparse)
+    names = ("output", "key_cache_out", "value_cache_out", "block_importance")
+    got = run_op("SparseBlockAttention", inputs, attributes, outputs=names, native=native)
+    assert_close(got["output"], output, np.dtype(case.dtypes[0]), "output", axes="(b, s) x H*D")
+    assert_equal(got["key_cache_out"], key_cache, "key_cache_out", axes="(b, n, t) x D")
+    assert_equal(got["value_cache_out"], value_cache, "value_cache_out", axes="(b, n, t) x D")
+    assert_close(got["block_importance"], importance, np.float32, "block_importance", axes="(b, n) x M")
+
+
+# The function bodies materialise [B, N, G, S, C]: the cheapest cases.
+NON_FINITE_CASES = sorted(CASES, key=lambda case: case.body_cost())[:8]
+
+
+@pytest.mark.parametrize("case", NON_FINITE_CASES, ids=lambda case: case.id)
+@PATHS
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+def test_attention_on_non_finite_numbers(case, native, sparse):
+    """NaN, infinities, subnormals and float16 overflow in the query, keys, values and caches: NaN
+    exactly where the contract says (docs/ops.md), finite values within tolerance elsewhere."""
+    inputs, attributes = attention_args(_data(case), sparse)
+    inputs = with_specials(inputs)
+    output, key_cache, value_cache, importance = sparse_block_attention(**inputs, **attributes)
     names = ("output", "key_cache_out", "value_cache_out", "block_importance")
     got = run_op("SparseBlockAttention", inputs, attributes, outputs=names, native=native)
     assert_close(got["output"], output, np.dtype(case.dtypes[0]), "output", axes="(b, s) x H*D")

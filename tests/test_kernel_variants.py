@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from cases import CALLS, CASES
+from cases import CALLS, CASES, with_specials
 from driver_cases import OUTPUTS, read_output, total_lens, write_case
 from driver_cases import expected as reference_outputs
 from tolerances import assert_close, assert_equal, assert_used_blocks_equal
@@ -151,3 +151,16 @@ BOUND_CASES = [c for c in CASES if c.score == "bound" and c.ranks_blocks()][:8]
 def test_select_on_bounds_no_keys_give(case, machine, tmp_path):
     inputs, attributes, expected = reference_outputs("SparseBlockSelect", case, _bounds_no_keys_give)
     _check_variants(machine, "SparseBlockSelect", case, inputs, attributes, expected, tmp_path)
+
+
+SPECIAL_CASES = [c for c in CASES if c.score == "bound"][:10]
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+@pytest.mark.parametrize("call", list(CALLS))
+@pytest.mark.parametrize("case", SPECIAL_CASES, ids=lambda case: case.id)
+def test_variants_alike_on_non_finite_numbers(case, call, machine, tmp_path):
+    """Non-finite numbers follow one contract (docs/ops.md): every variant writes the same bits,
+    NaN payloads and signs included, and the scalar kernel meets the reference's NaNs."""
+    inputs, attributes, expected = reference_outputs(call, case, with_specials)
+    _check_variants(machine, CALLS[call][0], case, inputs, attributes, expected, tmp_path)

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from quest_ort.ops.reference import quest_metadata, sparse_block_attention, sparse_block_select
 from quest_ort.ops.schemas import OPS_BY_NAME, TYPE_VARS
 from quest_ort.runtime.single_op import run_op
+from cases import sprinkle_specials
 from tolerances import assert_close, assert_equal, assert_used_blocks_equal
 
 DTYPES = (("float32", "float32"), ("float16", "float16"), ("float32", "float16"), ("float16", "float32"))
@@ -45,7 +46,7 @@ def calls(draw):
     C = int(past.max()) + S + draw(st.integers(0, min(P, 40)))
     M = -(-C // P)
     act, cache = (np.dtype(t) for t in draw(st.sampled_from(DTYPES)))
-    pattern = draw(st.sampled_from(("normal", "normal", "zeros", "equal")))
+    pattern = draw(st.sampled_from(("normal", "normal", "zeros", "equal", "specials")))
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
 
     def normal(shape, dtype):
@@ -58,6 +59,10 @@ def calls(draw):
         row = normal((D,), np.float32)
         key_cache[:], key[:] = row.astype(cache), row.astype(act)
     garbage = normal((B, N, M, D), cache)
+    query, value, value_cache = normal((B, N * G, S, D), act), normal((B, N, S, D), act), normal((B, N, C, D), cache)
+    if pattern == "specials":
+        for array in (query, key, value, key_cache, value_cache):
+            sprinkle_specials(array, rng)
     block_max, block_min = quest_metadata(key_cache[:, :, : max(int(past.max()), 1)], garbage, garbage.copy(),
                                           np.zeros(B, np.int32), past, block_size=P)
     importance = None
@@ -65,8 +70,8 @@ def calls(draw):
         importance = np.round(rng.random((B, N, M)), 1).astype(np.float32)
     return dict(
         heads=(N * G, N), block_size=P, new_tokens=S, num_blocks=M, act=act,
-        query=normal((B, N * G, S, D), act), key=key, value=normal((B, N, S, D), act),
-        key_cache=key_cache, value_cache=normal((B, N, C, D), cache), block_max=block_max, block_min=block_min,
+        query=query, key=key, value=value,
+        key_cache=key_cache, value_cache=value_cache, block_max=block_max, block_min=block_min,
         past_lens=past, total_lens=(past + valid).astype(np.int32) if explicit_total else None,
         block_importance=importance,
         select=dict(top_k=draw(st.integers(1, M + 3)), sink_blocks=draw(st.integers(0, 3)),

@@ -5,7 +5,7 @@
 key/value -Cast(TC)-ScatterElements(axis=2) into [cache ; dummy row C]-Slice(:C)-> cache_out
 query -Cast(f32)-Reshape[B,N,G,S,D]-MatMul(K^T)*scale-(softcap)-Where(mask, ., -inf)-softmax
    mask = causal (t <= p, valid query) AND (block(t) in block_indices[b, n or h, s] OR p < exact_lens[b])
-probabilities -MatMul(V)-Transpose-Reshape[B,S,H*D]-Cast(T)-> output
+probabilities -(NaN rows)-MatMul(V, non-finite as 0)-(NaN where attended V non-finite)-Transpose-Reshape[B,S,H*D]-Cast(T)-> output
 probabilities -ReduceSum(G, S)-Pad(M*min(P,C))-Reshape[B,N,M,min(P,C)]-ReduceSum-> block_importance
 ```
 Invalid tokens write into the dummy row C, which is sliced away; queries with nothing to attend
@@ -80,14 +80,24 @@ def sparse_block_attention_body(
                                                                    ints(op, 1), axis=0)))
         mask = op.And(mask, selected)
 
-    neg_inf = const(op, -np.inf, np.float32)
+    neg_inf, nan = const(op, -np.inf, np.float32), const(op, np.nan, np.float32)
+    zero = const(op, 0.0, np.float32)
     masked = op.Where(mask, logits, neg_inf)
-    row_max = op.ReduceMax(masked, ints(op, -1), keepdims=1)
-    row_max = op.Where(op.Equal(row_max, neg_inf), const(op, 0.0, np.float32), row_max)  # rows with nothing to attend
-    weights = op.Where(mask, op.Exp(op.Sub(masked, row_max)), const(op, 0.0, np.float32))
+    raw_max = op.ReduceMax(masked, ints(op, -1), keepdims=1)
+    row_max = op.Where(op.Equal(raw_max, neg_inf), zero, raw_max)  # rows with nothing to attend
+    weights = op.Where(mask, op.Exp(op.Sub(masked, row_max)), zero)
     total = op.ReduceSum(weights, ints(op, -1), keepdims=1)
-    probabilities = op.Div(weights, op.Where(op.Greater(total, const(op, 0.0, np.float32)), total, const(op, 1.0, np.float32)))
-    attended = op.MatMul(probabilities, v)  # [B, N, G, S, D]
+    probabilities = op.Div(weights, op.Where(op.Greater(total, zero), total, const(op, 1.0, np.float32)))
+    # Non-finite numbers (docs/ops.md): a row with an attended NaN or +inf logit, or only -inf ones,
+    # is NaN, its weights too (so its blocks' importance); an attended non-finite value makes its
+    # output dimension NaN. Unattended positions (masked) never reach the output.
+    nan_rows = op.Or(_any_attended(op, mask, op.Or(op.IsNaN(logits), op.IsInf(logits, detect_negative=0))),
+                     op.And(_any_attended(op, mask, None), op.Equal(raw_max, neg_inf)))  # [B, N, G, S, 1]
+    probabilities = op.Where(op.And(nan_rows, mask), nan, probabilities)
+    bad_values = op.Or(op.IsNaN(v), op.IsInf(v))  # [B, N, 1, C, D]
+    attended = op.MatMul(probabilities, op.Where(bad_values, zero, v))  # [B, N, G, S, D]
+    bad_outputs = op.Greater(op.MatMul(op.Cast(mask, to=F32), op.Cast(bad_values, to=F32)), zero)
+    attended = op.Where(op.Or(nan_rows, bad_outputs), nan, attended)
     merged = op.Reshape(op.Transpose(attended, perm=[0, 3, 1, 2, 4]), op.Concat(op.Shape(query, end=1), S, ints(op, -1), axis=0))
     output = op.CastLike(merged, query)
     outputs = [output, key_cache_out, value_cache_out]
@@ -101,3 +111,10 @@ def sparse_block_attention_body(
         blocks = op.Reshape(padded, op.Concat(op.Shape(per_row, end=2), num_blocks, rows_per_block, axis=0))
         outputs.append(op.ReduceSum(blocks, ints(op, -1), keepdims=0))
     return tuple(outputs)
+
+
+def _any_attended(op, mask, flags):
+    """[..., S, 1]: whether any attended position (mask) of the row holds a flag (every attended
+    position when flags is None)."""
+    hits = mask if flags is None else op.And(mask, flags)
+    return op.Greater(op.ReduceMax(op.Cast(hits, to=F32), ints(op, -1), keepdims=1), const(op, 0.0, np.float32))

@@ -32,6 +32,21 @@ def check_block_indices(block_indices, num_blocks, num_heads, kv_num_heads):
             raise ValueError(f"block_indices repeats a block in row {row.tolist()}")
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def softmax_rows(logits):
+    """(weights, nan_rows) of logits [rows, n]: a row with a NaN or +inf logit, or only -inf ones,
+    is a NaN row (all its weights NaN); elsewhere -inf logits weigh 0. Non-finite numbers: docs/ops.md."""
+    nan_rows = np.isnan(logits).any(axis=1) | np.isposinf(logits).any(axis=1) | np.isneginf(logits).all(axis=1)
+    finite_max = np.where(nan_rows[:, None], 0.0, logits).max(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        weights = np.exp(np.where(nan_rows[:, None], 0.0, logits) - finite_max)
+    weights /= weights.sum(axis=1, keepdims=True)
+    weights[nan_rows] = np.nan
+    return weights, nan_rows
+
+
 def default_scale(head_dim: int) -> np.float32:
     """1/sqrt(D) as the kernels compute it, in float32."""
     return np.float32(1.0) / np.sqrt(np.float32(head_dim))
@@ -90,11 +105,18 @@ def sparse_block_attention(
                 pos = attended_positions(row, p, P)
                 if pos.size == 0:
                     continue
-                logits = q64[b, heads, i] @ k64[b, n, pos].T * scale  # [heads, len(pos)]
+                with np.errstate(invalid="ignore", over="ignore"):
+                    logits = q64[b, heads, i] @ k64[b, n, pos].T * scale  # [heads, len(pos)]
+                logits[np.abs(logits) > FLOAT32_MAX] *= np.inf  # beyond float32: infinite, as the kernels see it
                 if softcap > 0.0:
                     logits = softcap * np.tanh(logits / softcap)
-                weights = np.exp(logits - logits.max(axis=1, keepdims=True))
-                weights /= weights.sum(axis=1, keepdims=True)
-                out[b, i, heads.start * D : heads.stop * D] = (weights @ v64[b, n, pos]).reshape(-1)
+                weights, nan_rows = softmax_rows(logits)
+                values = v64[b, n, pos]
+                nonfinite = ~np.isfinite(values)  # [len(pos), D]
+                rows = weights @ np.where(nonfinite, 0.0, values)  # [heads, D]
+                rows[:, nonfinite.any(axis=0)] = np.nan
+                rows[nan_rows] = np.nan
+                out[b, i, heads.start * D : heads.stop * D] = rows.reshape(-1)
                 np.add.at(importance[b, n], pos // P, weights.sum(axis=0))
+    # NaN outputs are the positive quiet NaN with no payload (what np.nan is), as every kernel writes.
     return out.astype(query.dtype), kc, vc, importance.astype(np.float32)

@@ -95,12 +95,37 @@ inline float canonical_exp(float x) {
   return p * scale;
 }
 
-// tanh(x) through canonical_exp of a non-positive argument, for the logit soft cap.
+// tanh(x) through canonical_exp of a non-positive argument, for the logit soft cap. A NaN stays a
+// NaN (a poisoned logit must stay visible past the cap).
 inline float canonical_tanh(float x) {
+  if (x != x) return x;
   const float ax = x < 0.0f ? -x : x;
   const float e = canonical_exp(-2.0f * ax);
   const float t = (1.0f - e) / (1.0f + e);
   return x < 0.0f ? -t : t;
+}
+
+// The NaN every output holds where the contract says NaN (docs/ops.md, non-finite numbers): the
+// positive quiet NaN with no payload, so that every variant writes the same bits (x86 arithmetic
+// makes the negative "indefinite" NaN, AArch64 the positive one, and a NaN operand passes its
+// payload on).
+inline float canonical_nan() { return std::numeric_limits<float>::quiet_NaN(); }
+
+// x where it is finite, else the canonical NaN: an output whose float32 sum met a NaN or an
+// infinity.
+inline float finite_or_nan(float x) { return std::fabs(x) < std::numeric_limits<float>::infinity() ? x : canonical_nan(); }
+
+// A logit that makes its whole row NaN: NaN or +inf (softmax over it is undefined).
+inline bool poisons_row(float logit) { return !(logit < std::numeric_limits<float>::infinity()); }
+
+// The softmax denominator before any step: -0. A step, even one whose weights are all 0, adds a
+// +0 lane sum and leaves +0 or more, so a row that attended only -inf logits (+0) is told from one
+// that attended nothing (-0, which outputs zeros).
+inline constexpr float kNothingAttended = -0.0f;
+
+// True when the row's output is NaN: a poisoned logit (NaN running max), or only -inf logits.
+inline bool is_nan_row(float max_logit, float denominator) {
+  return max_logit != max_logit || (denominator == 0.0f && !std::signbit(denominator));
 }
 
 }  // namespace quest

@@ -49,6 +49,11 @@ struct Lanes {
   static float32x4_t lt_select(float32x4_t x, float32x4_t y) { return vbslq_f32(vcltq_f32(x, y), x, y); }
   static Lanes max_select(Lanes x, Lanes y) { return {gt_select(x.a, y.a), gt_select(x.b, y.b), gt_select(x.c, y.c), gt_select(x.d, y.d)}; }
   static Lanes min_select(Lanes x, Lanes y) { return {lt_select(x.a, y.a), lt_select(x.b, y.b), lt_select(x.c, y.c), lt_select(x.d, y.d)}; }
+  // x in its finite lanes, the canonical NaN in the others (arith.h finite_or_nan).
+  static float32x4_t finite_or_nan(float32x4_t x) {
+    return vbslq_f32(vcltq_f32(vabsq_f32(x), vdupq_n_f32(__builtin_inff())), x, vdupq_n_f32(__builtin_nanf("")));
+  }
+  static Lanes finite_or_nan(Lanes x) { return {finite_or_nan(x.a), finite_or_nan(x.b), finite_or_nan(x.c), finite_or_nan(x.d)}; }
   // All-one bits in the lanes where q > 0 (ordered: not for NaN or zeros), zero bits elsewhere.
   static float32x4_t positive(float32x4_t x) { return vreinterpretq_f32_u32(vcgtq_f32(x, vdupq_n_f32(0.0f))); }
   static Lanes positive_mask(Lanes q) { return {positive(q.a), positive(q.b), positive(q.c), positive(q.d)}; }

@@ -56,13 +56,16 @@ void attend_span(const SparseBlockAttentionParams& prm, const float* query, cons
                  const TC* value_cache, int64_t first, int64_t last, HeadState& h, std::vector<float>& logits) {
   const int64_t D = prm.head_dim, P = prm.block_size;
   LaneMax span_max;
+  bool poisoned = false;
   for (int64_t t = first; t < last; ++t) {
     float logit = fused_dot(query, key_cache + t * D, D) * prm.scale;
     if (prm.softcap > 0.0f) logit = prm.softcap * canonical_tanh(logit / prm.softcap);
     logits[t - first] = logit;
     span_max.add(t - first, logit);
+    poisoned |= poisons_row(logit);
   }
-  const float new_max = max_select(span_max.fold(), h.max_logit);
+  // A NaN running max marks the row poisoned, and stays: max_select(x, NaN) is NaN.
+  const float new_max = poisoned ? canonical_nan() : max_select(span_max.fold(), h.max_logit);
   const float rescale = canonical_exp(h.max_logit - new_max);
   h.denominator = h.denominator * rescale;
   for (int64_t d = 0; d < D; ++d) h.accumulator[d] = h.accumulator[d] * rescale;
@@ -114,7 +117,7 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
       for (int64_t g = 0; g < G; ++g) {
         for (int64_t d = 0; d < D; ++d) queries[g * Dp + d] = to_float(query[(g * S) * D + d]);
         masses[g].clear();
-        heads[g] = HeadState{-std::numeric_limits<float>::infinity(), 0.0f, accumulators.data() + g * D,
+        heads[g] = HeadState{-std::numeric_limits<float>::infinity(), kNothingAttended, accumulators.data() + g * D,
                              importance ? &masses[g] : nullptr};
         std::fill(heads[g].accumulator, heads[g].accumulator + D, 0.0f);
       }
@@ -137,10 +140,14 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
       }
       for (int64_t g = 0; g < G; ++g) {
         const HeadState& h = heads[g];
+        const bool nan_row = is_nan_row(h.max_logit, h.denominator);
         for (const BlockMass& mass : masses[g])
-          importance[mass.block] += mass.weight_sum * canonical_exp(mass.max_logit - h.max_logit) / h.denominator;
+          importance[mass.block] += nan_row ? canonical_nan()
+                                            : mass.weight_sum * canonical_exp(mass.max_logit - h.max_logit) / h.denominator;
         for (int64_t d = 0; d < D; ++d)
-          out[g * D + d] = from_float<T>(h.denominator > 0.0f ? h.accumulator[d] / h.denominator : 0.0f);
+          out[g * D + d] = from_float<T>(nan_row                 ? canonical_nan()
+                                         : h.denominator > 0.0f ? finite_or_nan(h.accumulator[d] / h.denominator)
+                                                                : 0.0f);
       }
     }
   }

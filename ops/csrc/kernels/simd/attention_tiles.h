@@ -132,13 +132,16 @@ struct BlockMass {
 };
 
 // The max of a step's `count` scaled logits (row t in lane t % 16) and the running max: the step's
-// new running max. The logits past count, up to the padded width, become -inf (they add nothing
-// to the max and weigh exp(-inf) = 0).
+// new running max, or NaN when a logit poisons the row (NaN or +inf; the NaN then stays, as
+// max_select(x, NaN) is NaN). The logits past count, up to the padded width, become -inf (they
+// add nothing to the max and weigh exp(-inf) = 0).
 QUEST_INLINE float step_max(float* logits, int64_t count, float max_logit) {
+  int poisoned = 0;  // an int: GCC vectorizes the int reduction only
+  for (int64_t t = 0; t < count; ++t) poisoned |= poisons_row(logits[t]);
   std::fill(logits + count, logits + padded(count), -std::numeric_limits<float>::infinity());
   Lanes lane_max = Lanes::broadcast(-std::numeric_limits<float>::infinity());
   for (int64_t t = 0; t < count; t += kChunk) lane_max = Lanes::max_select(Lanes::load(logits + t), lane_max);
-  return max_select(lane_max.fold_max(), max_logit);
+  return poisoned ? canonical_nan() : max_select(lane_max.fold_max(), max_logit);
 }
 
 // The rest of the step, given its new max and rescale = exp(old max - new max): the head's state
@@ -182,10 +185,12 @@ inline void record_masses(const float* weights, int64_t first, int64_t count, in
 }
 
 // Adds a head's recorded masses to block_importance, in the order they were recorded: each step's
-// weights renormalised to the head's final max and denominator.
+// weights renormalised to the head's final max and denominator (NaN for a NaN row).
 inline void add_masses(const std::vector<BlockMass>& masses, float max_logit, float denominator, float* importance) {
+  const bool nan_row = is_nan_row(max_logit, denominator);
   for (const BlockMass& mass : masses)
-    importance[mass.block] += mass.weight_sum * canonical_exp(mass.max_logit - max_logit) / denominator;
+    importance[mass.block] += nan_row ? canonical_nan()
+                                      : mass.weight_sum * canonical_exp(mass.max_logit - max_logit) / denominator;
 }
 
 // One query's online-softmax state: its G query rows and, per head, the accumulator, the running
@@ -203,15 +208,19 @@ struct QueryState {
   }
 };
 
-// Writes the query's normalised output and adds its blocks' attention mass to `importance`.
+// Writes the query's normalised output and adds its blocks' attention mass to `importance`; NaN
+// where the contract says so (docs/ops.md, non-finite numbers).
 template <typename T>
 void finish_query(const QueryState& q, int64_t G, int64_t D, int64_t Dp, T* out, float* importance) {
   for (int64_t g = 0; g < G; ++g) {
     const float* acc = q.accumulators + g * Dp;
     const float denominator = q.denominator[g];
+    const bool nan_row = is_nan_row(q.max_logit[g], denominator);
     const Lanes denominators = Lanes::broadcast(denominator);
     for (int64_t d = 0; d < D; d += kChunk) {
-      const Lanes result = denominator > 0.0f ? Lanes::load(acc + d) / denominators : Lanes::zero();
+      const Lanes result = nan_row             ? Lanes::broadcast(canonical_nan())
+                           : denominator > 0.0f ? Lanes::finite_or_nan(Lanes::load(acc + d) / denominators)
+                                                : Lanes::zero();
       store_row(result, out + g * D, d, D);
     }
     if (importance != nullptr)

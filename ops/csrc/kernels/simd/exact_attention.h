@@ -71,7 +71,7 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
     }
     std::fill(s.accumulators.begin(), s.accumulators.begin() + rows * Dp, 0.0f);
     std::fill(s.max_logit.begin(), s.max_logit.begin() + rows, -std::numeric_limits<float>::infinity());
-    std::fill(s.denominator.begin(), s.denominator.begin() + rows, 0.0f);
+    std::fill(s.denominator.begin(), s.denominator.begin() + rows, kNothingAttended);
     const int64_t first_p = past + i0, last_p = first_p + rows / G - 1;
     for (int64_t t0 = 0; t0 <= last_p; t0 += kExactTile) {
       const int64_t span = std::min(kExactTile, last_p + 1 - t0);

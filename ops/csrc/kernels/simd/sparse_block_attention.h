@@ -59,7 +59,7 @@ void begin_query(const T* query, int64_t S, int64_t D, int64_t G, int64_t Dp, co
   for (int64_t g = 0; g < G; ++g) load_padded(query + g * S * D, D, q.queries + g * Dp);
   std::fill(q.accumulators, q.accumulators + G * Dp, 0.0f);
   std::fill(q.max_logit, q.max_logit + G, -std::numeric_limits<float>::infinity());
-  std::fill(q.denominator, q.denominator + G, 0.0f);
+  std::fill(q.denominator, q.denominator + G, kNothingAttended);
   for (int64_t g = 0; g < G; ++g) q.masses[g].clear();
 }
 

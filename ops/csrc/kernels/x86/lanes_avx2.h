@@ -40,6 +40,13 @@ struct Lanes {
   // maxps/minps are exactly `a > b ? a : b` and `a < b ? a : b`, NaN and signed zeros included.
   static Lanes max_select(Lanes a, Lanes b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
   static Lanes min_select(Lanes a, Lanes b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+  // x in its finite lanes, the canonical NaN in the others (arith.h finite_or_nan).
+  static __m256 finite_or_nan(__m256 x) {
+    const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    const __m256 finite = _mm256_cmp_ps(magnitude, _mm256_set1_ps(__builtin_inff()), _CMP_LT_OQ);
+    return _mm256_blendv_ps(_mm256_set1_ps(__builtin_nanf("")), x, finite);
+  }
+  static Lanes finite_or_nan(Lanes x) { return {finite_or_nan(x.lo), finite_or_nan(x.hi)}; }
   // All-one bits in the lanes where q > 0 (ordered: not for NaN or zeros), zero bits elsewhere.
   static Lanes positive_mask(Lanes q) {
     const __m256 zero = _mm256_setzero_ps();

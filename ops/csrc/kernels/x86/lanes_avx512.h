@@ -32,6 +32,11 @@ struct Lanes {
   // maxps/minps are exactly `a > b ? a : b` and `a < b ? a : b`, NaN and signed zeros included.
   static Lanes max_select(Lanes a, Lanes b) { return {_mm512_max_ps(a.v, b.v)}; }
   static Lanes min_select(Lanes a, Lanes b) { return {_mm512_min_ps(a.v, b.v)}; }
+  // x in its finite lanes, the canonical NaN in the others (arith.h finite_or_nan).
+  static Lanes finite_or_nan(Lanes x) {
+    const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(x.v), _mm512_set1_ps(__builtin_inff()), _CMP_LT_OQ);
+    return {_mm512_mask_blend_ps(finite, _mm512_set1_ps(__builtin_nanf("")), x.v)};
+  }
   // All-one bits in the lanes where q > 0 (ordered: not for NaN or zeros), zero bits elsewhere.
   static Lanes positive_mask(Lanes q) {
     return {_mm512_castsi512_ps(_mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(q.v, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_epi32(-1)))};
