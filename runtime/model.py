@@ -19,7 +19,7 @@ import pathlib
 import numpy as np
 import onnxruntime as ort
 
-from ..export.safety import check_external_data
+from ..export.safety import check_external_data, load_model_file
 from ..export.sidecar import Sidecar
 from .binding import InPlaceStep
 from .buffers import cache_buffer
@@ -60,7 +60,8 @@ class QuestModel:
         self.directory = pathlib.Path(directory)
         self.sidecar = Sidecar.read(self.directory)
         model_path = self.directory / (model_file or self.sidecar.model_file)
-        check_external_data(model_path)  # a model folder we did not write may point anywhere
+        graph = load_model_file(model_path)  # a truncated or foreign file: a one-line error naming it
+        check_external_data(model_path, graph)  # a model folder we did not write may point anywhere
         self.session = make_session(str(model_path), threads=threads, providers=providers, initializers=initializers,
                                     register_library=not self.sidecar.portable)
         self._initializers = initializers  # ONNX Runtime only borrows them: they must outlive the session

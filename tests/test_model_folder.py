@@ -122,3 +122,121 @@ def test_a_sidecar_that_is_not_json_is_a_one_line_error(tmp_path, text, words):
     folder = _folder(tmp_path)
     (folder / SIDECAR).write_bytes(text.encode("latin-1"))
     _refused(folder, SIDECAR, *words)
+
+
+# --- the model file -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("keep", [0.0, 0.1, 0.5, 0.9, 0.999])
+def test_a_truncated_model_file_is_a_one_line_error_naming_it(tmp_path, keep):
+    folder = _folder(tmp_path)
+    data = (folder / GRAPH).read_bytes()
+    (folder / GRAPH).write_bytes(data[: int(len(data) * keep)])
+    _refused(folder, GRAPH)
+
+
+def test_a_model_file_that_is_not_onnx_is_a_one_line_error(tmp_path):
+    folder = _folder(tmp_path)
+    (folder / GRAPH).write_text(json.dumps({"graph": "no"}))
+    _refused(folder, GRAPH)
+
+
+# --- external data inside subgraphs ---------------------------------------------------------------
+
+def _external(name: str, location: str) -> onnx.TensorProto:
+    tensor = numpy_helper.from_array(np.ones(4, np.float32), name)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.ClearField("raw_data")
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", location
+    return tensor
+
+
+def _out(name):
+    return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [4])
+
+
+def _body(location: str, *, as_constant=False, inputs=(), outputs=("y",), extra_outputs=()) -> onnx.GraphProto:
+    """A subgraph whose output reads a tensor stored at `location` (an initializer or a Constant)."""
+    if as_constant:
+        nodes = [helper.make_node("Constant", [], ["w"], value=_external("c", location))]
+        initializers = []
+    else:
+        nodes, initializers = [], [_external("w", location)]
+    nodes.append(helper.make_node("Identity", ["w"], [outputs[0]]))
+    nodes += [helper.make_node("Identity", [source], [target]) for source, target in extra_outputs]
+    return helper.make_graph(nodes, "body", list(inputs), [_out(o) for o in outputs], initializer=initializers)
+
+
+def _if_model(location, **kwargs) -> onnx.ModelProto:
+    cond = numpy_helper.from_array(np.array(True), "cond")
+    branch = _body(location, **kwargs)
+    node = helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=branch)
+    return helper.make_model(helper.make_graph([node], "g", [], [_out("y")], initializer=[cond]))
+
+
+def _loop_model(location) -> onnx.ModelProto:
+    scalar = lambda name, t: helper.make_tensor_value_info(name, t, [])  # noqa: E731
+    body = _body(location, inputs=[scalar("i", onnx.TensorProto.INT64), scalar("c", onnx.TensorProto.BOOL)],
+                 outputs=("y", "c_out"), extra_outputs=[("c", "c_out")])
+    body.output[1].type.tensor_type.elem_type = onnx.TensorProto.BOOL
+    body.output[1].type.tensor_type.ClearField("shape")
+    body.output.insert(0, body.output.pop())  # Loop bodies return the condition first
+    trip = numpy_helper.from_array(np.array(1, np.int64), "n")
+    node = helper.make_node("Loop", ["n", ""], ["y"], body=body)
+    return helper.make_model(helper.make_graph([node], "g", [], [_out("y")], initializer=[trip]))
+
+
+def _scan_model(location) -> onnx.ModelProto:
+    body = _body(location, inputs=[helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [])],
+                 outputs=("y",))
+    body.output[0].type.tensor_type.shape.Clear()
+    xs = numpy_helper.from_array(np.ones(2, np.float32), "xs")
+    node = helper.make_node("Scan", ["xs"], ["y"], body=body, num_scan_inputs=1)
+    return helper.make_model(helper.make_graph([node], "g", [], [_out("y")], initializer=[xs]))
+
+
+def _nested_model(location) -> onnx.ModelProto:
+    inner = _if_model(location).graph
+    inner.ClearField("input")
+    return _if_model_with_branch(helper.make_graph(list(inner.node), "inner", [], [_out("y")],
+                                                   initializer=list(inner.initializer)))
+
+
+def _if_model_with_branch(branch) -> onnx.ModelProto:
+    cond = numpy_helper.from_array(np.array(True), "cond2")
+    node = helper.make_node("If", ["cond2"], ["y"], then_branch=branch, else_branch=branch)
+    return helper.make_model(helper.make_graph([node], "g", [], [_out("y")], initializer=[cond]))
+
+
+def _function_model(location) -> onnx.ModelProto:
+    function = helper.make_function("local", "Weights", [], ["y"],
+                                    [helper.make_node("Constant", [], ["y"], value=_external("c", location))],
+                                    [helper.make_opsetid("", 18)])
+    graph = helper.make_graph([helper.make_node("Weights", [], ["y"], domain="local")], "g", [], [_out("y")])
+    return helper.make_model(graph, functions=[function],
+                             opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)])
+
+
+SUBGRAPHS = {
+    "If initializer": lambda location: _if_model(location),
+    "If Constant": lambda location: _if_model(location, as_constant=True),
+    "Loop body": _loop_model,
+    "Scan body": _scan_model,
+    "If inside If": _nested_model,
+    "local function": _function_model,
+}
+
+
+@pytest.mark.parametrize("kind", list(SUBGRAPHS))
+@pytest.mark.parametrize("location, words", [("../outside.bin", "climbs out"), ("/etc/passwd", "not a relative path")])
+def test_external_data_inside_subgraphs_is_checked_like_the_main_graphs(tmp_path, kind, location, words):
+    inner = tmp_path / "model"
+    inner.mkdir()
+    (tmp_path / "outside.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    path = inner / "model.onnx"
+    onnx.save(SUBGRAPHS[kind](location), str(path))
+    with pytest.raises(UnsafeModelError, match=words):
+        check_external_data(path)
+    (inner / "inside.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    onnx.save(SUBGRAPHS[kind]("inside.bin"), str(path))
+    assert check_external_data(path) == {"inside.bin"}
