@@ -20,9 +20,10 @@ import numpy as np
 import onnxruntime as ort
 
 from ..export.safety import check_external_data, load_model_file
-from ..export.sidecar import Sidecar
+from ..export.sidecar import SIDECAR_NAME, Sidecar
 from .binding import InPlaceStep
 from .buffers import cache_buffer
+from .folder_check import check_sidecar_against_graph
 from .sessions import make_session
 
 
@@ -62,6 +63,10 @@ class QuestModel:
         model_path = self.directory / (model_file or self.sidecar.model_file)
         graph = load_model_file(model_path)  # a truncated or foreign file: a one-line error naming it
         check_external_data(model_path, graph)  # a model folder we did not write may point anywhere
+        # The caches are built and bound from the sidecar alone: it must describe this graph.
+        check_sidecar_against_graph(self.sidecar, graph, self.directory / SIDECAR_NAME, model_path,
+                                    variant=model_file not in (None, self.sidecar.model_file))
+        del graph  # the session reads the file itself
         self.session = make_session(str(model_path), threads=threads, providers=providers, initializers=initializers,
                                     register_library=not self.sidecar.portable)
         self._initializers = initializers  # ONNX Runtime only borrows them: they must outlive the session

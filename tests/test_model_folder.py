@@ -82,6 +82,155 @@ def _layers(data):
     return data["layers"]
 
 
+# --- the sidecar against the graph --------------------------------------------------------------
+
+def test_every_export_kind_opens(tmp_path):
+    """The checks accept what export-sparse writes: sparse with importance, probe scores, float16
+    caches, per-head selection, all-dense, the GroupQueryAttention baseline, portable."""
+    for export in (QUEST, dict(top_k=4, score="probe"), dict(top_k=4, kv_dtype="float16", group_reduce="none"),
+                   dict(top_k=4, dense_layers=(0, 1, 2)), GQA):
+        QuestModel(quest_export("qwen3", **export), threads=1)
+    QuestModel(_portable_export(), threads=1)
+
+
+# (label, edit of the sidecar's JSON, words the error must hold: the field and both values)
+SIDECAR_DISAGREEMENTS = [
+    ("past key and value swapped in a layer", lambda d: _swap(_layers(d), (1, "past_key"), (1, "past_value")),
+     ["layers[1].past_key", "'past_value.1'", "'past_key.1'"]),
+    ("present key and value swapped in a layer",
+     lambda d: _swap(_layers(d), (2, "present_key"), (2, "present_value")),
+     ["layers[2].present_key", "'present_value.2'", "'present_key.2'"]),
+    ("past keys swapped between layers", lambda d: _swap(_layers(d), (1, "past_key"), (2, "past_key")),
+     ["layers[1].past_key", "'past_key.2'", "'past_key.1'"]),
+    ("whole layers swapped", lambda d: _swap(d, ("layers", 1), ("layers", 2)),
+     ["layers[1].past_key", "'past_key.2'", "'past_key.1'"]),
+    ("block max and min swapped", lambda d: _swap(_layers(d), (1, "past_block_max"), (1, "past_block_min")),
+     ["layers[1].past_block_max", "'past_block_min.1'", "'past_block_max.1'"]),
+    ("importance swapped between layers",
+     lambda d: _swap(_layers(d), (1, "present_block_importance"), (2, "present_block_importance")),
+     ["layers[1].present_block_importance", "'present_block_importance.2'", "'present_block_importance.1'"]),
+    ("block_size", lambda d: d.update(block_size=8), ["block_size", "8", "16"]),
+    ("top_k", lambda d: d.update(top_k=3), ["top_k", "3", "4"]),
+    ("sink_blocks", lambda d: d.update(sink_blocks=2), ["sink_blocks", "2", "1"]),
+    ("recent_blocks", lambda d: d.update(recent_blocks=0), ["recent_blocks", "0", "1"]),
+    ("group_reduce", lambda d: d.update(group_reduce="max"), ["group_reduce", "'max'", "'mean'"]),
+    ("importance_fraction", lambda d: d.update(importance_fraction=0.25), ["importance_fraction", "0.25", "0.5"]),
+    ("score", lambda d: d.update(score="probe"), ["score", "'probe'", "'bound'"]),
+    ("num_probes", lambda d: d.update(num_probes=4), ["num_probes", "4", "8"]),
+    ("num_heads", lambda d: d.update(num_heads=2), ["num_heads", "2", "4"]),
+    ("kv_num_heads", lambda d: d.update(kv_num_heads=1), ["kv_num_heads", "1", "2"]),
+    ("head_dim", lambda d: d.update(head_dim=8), ["head_dim", "8", "16"]),
+    ("vocab_size", lambda d: d.update(vocab_size=128), ["vocab_size", "128", "256"]),
+    ("kv_dtype", lambda d: d.update(kv_dtype="float16"), ["kv_dtype", "float16", "float32"]),
+    ("bounds_dtype", lambda d: d.update(bounds_dtype="float32"), ["bounds_dtype", "float32", "float16"]),
+    ("activation_dtype", lambda d: d.update(activation_dtype="float16"), ["activation_dtype", "float16", "float32"]),
+    ("num_layers", lambda d: (d.update(num_layers=2, sparse_layers=[1]), d["layers"].pop()),
+     ["num_layers", "2", "3"]),
+    ("a sparse layer declared dense",
+     lambda d: (d.update(sparse_layers=[2], dense_layers=[0, 1]),
+                d["layers"][1].update({k: None for k in d["layers"][1] if "block" in k})),
+     ["sparse_layers", "[2]", "[1, 2]"]),
+    ("an input renamed", lambda d: d["inputs"].update(input_ids="tokens"), ["inputs", "'tokens'"]),
+    ("an input the graph needs left out", lambda d: d["inputs"].pop("exact_lens"), ["'exact_lens'"]),
+    ("the logits renamed", lambda d: d["outputs"].update(logits="scores"), ["outputs", "'scores'"]),
+    ("the GroupQueryAttention baseline", lambda d: d.update(attention="gqa"), ["attention", "'gqa'"]),
+    ("portable", lambda d: d.update(portable=True), ["portable", "True"]),
+]
+
+
+@pytest.mark.parametrize("label, edit, words", SIDECAR_DISAGREEMENTS, ids=[case[0] for case in SIDECAR_DISAGREEMENTS])
+def test_a_sidecar_that_disagrees_with_the_graph_is_refused_naming_the_field(tmp_path, label, edit, words):
+    folder = _folder(tmp_path)
+    _edit_sidecar(folder, edit)
+    _refused(folder, SIDECAR, GRAPH, *words)
+
+
+def _attribute(model, op_type, name, value, *, only_first=False):
+    for node in model.graph.node:
+        if node.op_type == op_type:
+            kept = [a for a in node.attribute if a.name != name]
+            del node.attribute[:]
+            node.attribute.extend(kept + [helper.make_attribute(name, value)])
+            if only_first:
+                return
+
+
+def _extra_input(model):
+    model.graph.input.append(helper.make_tensor_value_info("position_ids", onnx.TensorProto.INT64, ["b", "s"]))
+
+
+def _retype_past_key(model):
+    model.graph.input[[i.name for i in model.graph.input].index("past_key.1")].type.tensor_type.elem_type = (
+        onnx.TensorProto.FLOAT16)
+
+
+def _reshape_past_value(model):
+    dims = model.graph.input[[i.name for i in model.graph.input].index("past_value.2")].type.tensor_type.shape.dim
+    dims[3].dim_value = 8
+
+
+GRAPH_DISAGREEMENTS = [
+    ("QuestMetadata block_size", lambda m: _attribute(m, "QuestMetadata", "block_size", 8, only_first=True),
+     ["block_size", "16", "8", "QuestMetadata"]),
+    ("SparseBlockSelect top_k", lambda m: _attribute(m, "SparseBlockSelect", "top_k", 5), ["top_k", "4", "5"]),
+    ("SparseBlockAttention num_heads", lambda m: _attribute(m, "SparseBlockAttention", "num_heads", 2),
+     ["num_heads", "4", "2"]),
+    ("an input the sidecar does not describe", _extra_input, ["'position_ids'"]),
+    ("a cache's element type", _retype_past_key, ["past_key.1", "float32", "float16"]),
+    ("a cache's head dim", _reshape_past_value, ["past_value.2", "16", "8"]),
+]
+
+
+@pytest.mark.parametrize("label, edit, words", GRAPH_DISAGREEMENTS, ids=[case[0] for case in GRAPH_DISAGREEMENTS])
+def test_a_graph_that_disagrees_with_the_sidecar_is_refused_naming_the_field(tmp_path, label, edit, words):
+    folder = _folder(tmp_path)
+    _edit_graph(folder, edit)
+    _refused(folder, SIDECAR, GRAPH, *words)
+
+
+@pytest.mark.parametrize("kind", ["gqa", "portable"])
+def test_crosswise_caches_are_refused_in_baseline_and_portable_graphs(tmp_path, kind):
+    """The GroupQueryAttention baseline pairs its caches through com.microsoft nodes, a portable graph
+    through standard ops: the pairing is read from either."""
+    folder = _copy(tmp_path, quest_export("qwen3", **GQA) if kind == "gqa" else _portable_export())
+    QuestModel(folder, threads=1)  # as exported: accepted
+    _edit_sidecar(folder, lambda d: _swap(_layers(d), (1, "past_key"), (1, "past_value")))
+    _refused(folder, SIDECAR, GRAPH, "layers[1].past_key", "'past_value.1'", "'past_key.1'")
+
+
+def test_a_portable_graph_declared_native_is_refused(tmp_path):
+    """Bound in place, a portable graph's standard ops may read a cache after writing it."""
+    folder = _copy(tmp_path, _portable_export())
+    _edit_sidecar(folder, lambda d: d.update(portable=False))
+    _refused(folder, SIDECAR, GRAPH, "portable", "False")
+
+
+def test_a_refused_folder_opens_once_repaired(tmp_path):
+    """The check refuses the folder, not the model: swapped back, it generates the export's tokens."""
+    prompt = np.random.default_rng(5).integers(0, 256, 40).tolist()
+    want = Generator(QuestModel(quest_export("qwen3", **QUEST), threads=1)).generate([prompt], Sampling(12))
+    folder = _folder(tmp_path)
+    _edit_sidecar(folder, lambda d: _swap(_layers(d), (1, "past_key"), (1, "past_value")))
+    with pytest.raises(ValueError, match="layers"):
+        QuestModel(folder, threads=1)
+    _edit_sidecar(folder, lambda d: _swap(_layers(d), (1, "past_key"), (1, "past_value")))
+    assert Generator(QuestModel(folder, threads=1)).generate([prompt], Sampling(12)) == want
+
+
+def test_a_variant_graph_may_change_the_selection_but_not_the_caches(tmp_path):
+    """`model_file=` picks a variant with the same I/O (the evaluation's other budgets): its selection
+    attributes are its own, but its caches and block size must still be the sidecar's."""
+    folder = _folder(tmp_path)
+    model = onnx.load(str(folder / GRAPH), load_external_data=False)
+    _attribute(model, "SparseBlockSelect", "top_k", 2)
+    onnx.save(model, str(folder / "model.k2.onnx"))
+    assert QuestModel(folder, threads=1, model_file="model.k2.onnx").sidecar.top_k == 4
+    _attribute(model, "QuestMetadata", "block_size", 8)
+    onnx.save(model, str(folder / "model.p8.onnx"))
+    with pytest.raises(ValueError, match="block_size"):
+        QuestModel(folder, threads=1, model_file="model.p8.onnx")
+
+
 # --- the sidecar alone ------------------------------------------------------------------------
 
 BAD_SIDECARS = [
