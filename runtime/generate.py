@@ -14,6 +14,8 @@ tokens = generator.generate(prompts, Sampling(max_new_tokens=64))  # greedy
 A Generator owns one cache, allocated at the first request and reused by the next ones (capacity
 and batch permitting). It is not thread-safe: give each thread its own Generator; they may share
 one QuestModel, whose ONNX Runtime session runs concurrent steps safely.
+Every argument is checked before anything runs (runtime/inputs.py): float or string token ids, an
+empty prompt, a NaN temperature are ValueErrors naming the argument, and the cache is untouched.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from . import inputs
 from .model import CapacityError, KVCache
 
 PREFILL_CHUNK = 512
@@ -39,10 +42,18 @@ class Sampling:
     stop_tokens: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.max_new_tokens < 0:
-            raise ValueError("max_new_tokens must be >= 0")
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError("need temperature >= 0, top_k >= 0 and 0 < top_p <= 1")
+        # Normalised to Python numbers (frozen: hence object.__setattr__), so equal settings hash equal.
+        checked = dict(max_new_tokens=inputs.integer(self.max_new_tokens, "max_new_tokens", 0),
+                       temperature=inputs.number(self.temperature, "temperature", minimum=0.0),
+                       top_k=inputs.integer(self.top_k, "top_k", 0),
+                       top_p=inputs.number(self.top_p, "top_p", minimum=0.0, maximum=1.0, above_minimum=True),
+                       seed=None if self.seed is None else inputs.integer(self.seed, "seed", 0))
+        stop = self.stop_tokens
+        if isinstance(stop, (str, bytes)) or not isinstance(stop, (Sequence, np.ndarray)):
+            raise inputs.InputTypeError(f"stop_tokens must be a sequence of token ids, got {type(stop).__name__} {stop!r}")
+        checked["stop_tokens"] = tuple(inputs.integer(t, f"stop_tokens[{i}]", 0) for i, t in enumerate(stop))
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
 
 def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
@@ -71,14 +82,18 @@ def _check_prefill_mode(mode: str) -> str:
     return mode
 
 
+def _vocabulary(model) -> int | None:
+    return getattr(model, "vocab_size", None)
+
+
 def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK,
             mode: str = "exact") -> np.ndarray:
     """Feed the prompts (right-padded into one batch) `chunk` positions per step into an empty cache;
     returns the logits of each prompt's last token [B, V]. `mode`: "exact" (every prompt token
     attends to every position before it) or "sparse" (each selects its blocks, as decode does)."""
     exact = _check_prefill_mode(mode) == "exact"
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
+    prompts = inputs.prompts(prompts, _vocabulary(model))
+    chunk = inputs.integer(chunk, "chunk", 1)
     if len(prompts) != cache.batch:
         raise ValueError(f"{len(prompts)} prompts for a cache of batch {cache.batch}")
     lengths = np.array([len(p) for p in prompts], np.int32)
@@ -107,7 +122,7 @@ class Generator:
         """`prefill`: "exact" (the default, Quest's split: the prompt attends exactly, generated
         tokens select their blocks) or "sparse" (prompt tokens select their blocks too)."""
         self.model = model
-        self.capacity = capacity
+        self.capacity = None if capacity is None else inputs.integer(capacity, "capacity", 1)
         self.prefill = _check_prefill_mode(prefill)
         self.cache: KVCache | None = None
 
@@ -122,10 +137,27 @@ class Generator:
             self.cache.reset()
         return self.cache
 
+    def _check_request(self, prompts, sampling) -> list[np.ndarray]:
+        """The prompts as token id arrays, once every argument is known good."""
+        if not isinstance(sampling, Sampling):
+            raise inputs.InputTypeError(f"sampling must be a Sampling, got {type(sampling).__name__} {sampling!r:.60}")
+        vocab = _vocabulary(self.model)
+        rows = inputs.prompts(prompts, vocab)
+        outside = [token for token in sampling.stop_tokens if vocab is not None and token >= vocab]
+        if outside:
+            raise ValueError(f"stop_tokens must lie in [0, {vocab}), got {outside[0]}")
+        return rows
+
     def stream(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> Iterator[list[int | None]]:
-        """Yield, per step, each row's new token (None for rows that already stopped)."""
-        needed = max(len(p) for p in prompts) + sampling.max_new_tokens
-        cache = self._cache_for(len(prompts), needed)
+        """Yield, per step, each row's new token (None for rows that already stopped).
+
+        The arguments are checked, and the cache prepared, when stream is called: a bad argument or
+        a request past the capacity raises there, with the cache untouched."""
+        prompts = self._check_request(prompts, sampling)
+        cache = self._cache_for(len(prompts), max(len(p) for p in prompts) + sampling.max_new_tokens)
+        return self._steps(cache, prompts, sampling)
+
+    def _steps(self, cache: KVCache, prompts: list[np.ndarray], sampling: Sampling) -> Iterator[list[int | None]]:
         rng = np.random.default_rng(sampling.seed)
         if sampling.max_new_tokens == 0:
             return
@@ -143,8 +175,9 @@ class Generator:
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> list[list[int]]:
         """The new tokens of each row (stop tokens included, nothing after them)."""
+        steps = self.stream(prompts, sampling)
         rows: list[list[int]] = [[] for _ in prompts]
-        for step in self.stream(prompts, sampling):
+        for step in steps:
             for row, token in enumerate(step):
                 if token is not None:
                     rows[row].append(token)
@@ -155,6 +188,8 @@ def greedy(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, capacit
            return_logits: bool = False, prefill_mode: str = "exact"):
     """Greedy continuation of each prompt (and, if asked, the logits of every step), for tests and
     comparisons where the logits matter."""
+    prompts = inputs.prompts(prompts, _vocabulary(model))
+    max_new_tokens = inputs.integer(max_new_tokens, "max_new_tokens", 0)
     cache = model.new_cache(len(prompts), capacity)
     last = prefill(model, cache, prompts, mode=prefill_mode)
     steps, tokens = [last], [[] for _ in prompts]
