@@ -12,8 +12,11 @@ for step in generator.stream([[1, 2, 3], [4, 5]], Sampling(max_new_tokens=32, te
 tokens = generator.generate(prompts, Sampling(max_new_tokens=64))  # greedy
 ```
 A Generator owns one cache, allocated at the first request and reused by the next ones (capacity
-and batch permitting). It is not thread-safe: give each thread its own Generator; they may share
-one QuestModel, whose ONNX Runtime session runs concurrent steps safely.
+and batch permitting). One cache serves one stream: while a stream is open, another request to the
+same Generator raises GeneratorBusyError (it would reset the cache under the open stream); a
+stream frees the cache when it ends, fails, is closed or is garbage-collected. Two requests at once
+take two Generators, which may share one QuestModel (one session, one copy of the weights), as may
+threads: a Generator belongs to one thread at a time.
 Every argument is checked before anything runs (runtime/inputs.py): float or string token ids, an
 empty prompt, a NaN temperature are ValueErrors naming the argument, and the cache is untouched.
 """
@@ -21,6 +24,7 @@ empty prompt, a NaN temperature are ValueErrors naming the argument, and the cac
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -117,6 +121,50 @@ def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int 
     return last
 
 
+class GeneratorBusyError(RuntimeError):
+    """A request to a Generator while one of its streams is open; that stream is unaffected."""
+
+
+class Stream:
+    """The steps of one request (Generator.stream): an iterator over each step's new tokens.
+
+    While it is open its Generator refuses other requests. It releases the Generator when it ends
+    or fails, and when it is closed (`close()`, a `with` block) or garbage-collected, so an
+    abandoned stream does not lock its Generator for good.
+    """
+
+    def __init__(self, steps: Iterator[list[int | None]], release):
+        self._steps, self._release = steps, release
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> list[int | None]:
+        if self._steps is None:
+            raise StopIteration
+        try:
+            return next(self._steps)
+        except BaseException:  # the end (StopIteration), a failed step or an interrupt: release
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop generating and release the Generator (the cache keeps what was generated so far)."""
+        steps, self._steps = self._steps, None
+        if steps is not None:
+            steps.close()
+            self._release()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class Generator:
     def __init__(self, model, capacity: int | None = None, prefill: str = "exact"):
         """`prefill`: "exact" (the default, Quest's split: the prompt attends exactly, generated
@@ -125,6 +173,9 @@ class Generator:
         self.capacity = None if capacity is None else inputs.integer(capacity, "capacity", 1)
         self.prefill = _check_prefill_mode(prefill)
         self.cache: KVCache | None = None
+        # Held by the open stream. A lock rather than a flag: two threads asking at once cannot both
+        # get the cache. Streams hold its release, not the Generator, so dropping one frees it at once.
+        self._busy = threading.Lock()
 
     def _cache_for(self, batch: int, needed: int) -> KVCache:
         capacity = self.capacity or getattr(getattr(self.model, "sidecar", None), "capacity", None) or needed
@@ -148,14 +199,23 @@ class Generator:
             raise ValueError(f"stop_tokens must lie in [0, {vocab}), got {outside[0]}")
         return rows
 
-    def stream(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> Iterator[list[int | None]]:
-        """Yield, per step, each row's new token (None for rows that already stopped).
+    def stream(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> Stream:
+        """A Stream yielding, per step, each row's new token (None for rows that already stopped).
 
-        The arguments are checked, and the cache prepared, when stream is called: a bad argument or
-        a request past the capacity raises there, with the cache untouched."""
+        The arguments are checked, and the cache prepared, when stream is called: a bad argument, a
+        request past the capacity, or GeneratorBusyError while another stream of this Generator is
+        open, raises there, with the cache untouched."""
         prompts = self._check_request(prompts, sampling)
-        cache = self._cache_for(len(prompts), max(len(p) for p in prompts) + sampling.max_new_tokens)
-        return self._steps(cache, prompts, sampling)
+        if not self._busy.acquire(blocking=False):
+            raise GeneratorBusyError(
+                "a stream of this Generator is open and its cache is in use: exhaust or close() that stream "
+                "first, or use another Generator (Generators may share one QuestModel)")
+        try:
+            cache = self._cache_for(len(prompts), max(len(p) for p in prompts) + sampling.max_new_tokens)
+        except BaseException:
+            self._busy.release()
+            raise
+        return Stream(self._steps(cache, prompts, sampling), self._busy.release)
 
     def _steps(self, cache: KVCache, prompts: list[np.ndarray], sampling: Sampling) -> Iterator[list[int | None]]:
         rng = np.random.default_rng(sampling.seed)
@@ -175,12 +235,12 @@ class Generator:
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> list[list[int]]:
         """The new tokens of each row (stop tokens included, nothing after them)."""
-        steps = self.stream(prompts, sampling)
-        rows: list[list[int]] = [[] for _ in prompts]
-        for step in steps:
-            for row, token in enumerate(step):
-                if token is not None:
-                    rows[row].append(token)
+        with self.stream(prompts, sampling) as steps:
+            rows: list[list[int]] = [[] for _ in prompts]
+            for step in steps:
+                for row, token in enumerate(step):
+                    if token is not None:
+                        rows[row].append(token)
         return rows
 
 

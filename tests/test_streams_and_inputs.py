@@ -4,6 +4,7 @@ the cache), and every public runtime entry point refusing bad arguments before a
 from __future__ import annotations
 
 import functools
+import gc
 import math
 
 import numpy as np
@@ -44,6 +45,86 @@ def _assert_unchanged(generator, snapshot):
     np.testing.assert_array_equal(generator.cache.lengths, lengths)
     for name, array in generator.cache.buffers.items():
         np.testing.assert_array_equal(array, buffers[name], err_msg=f"{name} changed by a refused call")
+
+
+# --- one cache, one stream ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("second", ["stream", "generate"])
+def test_a_second_request_while_a_stream_is_open_is_refused_and_the_stream_continues(second):
+    generator = Generator(_model())
+    first = generator.stream(_prompts(), STEPS)
+    got = [next(first)]
+    with pytest.raises(RuntimeError, match="a stream of this Generator is open"):
+        if second == "stream":
+            next(generator.stream(_prompts(22), STEPS))
+        else:
+            generator.generate(_prompts(22), STEPS)
+    got += list(first)
+    assert got == _steps(_expected("A"))
+    assert generator.generate(_prompts(22), STEPS) == _expected("B")  # the finished stream freed the cache
+
+
+def test_two_generators_over_one_model_stream_side_by_side():
+    """The way to run two requests at once: a Generator each (one session, a cache each)."""
+    model = _model()
+    a, b = Generator(model).stream(_prompts(), STEPS), Generator(model).stream(_prompts(22), STEPS)
+    steps = [(next(a), next(b)) for _ in range(STEPS.max_new_tokens)]
+    assert [x for x, _ in steps] == _steps(_expected("A"))
+    assert [y for _, y in steps] == _steps(_expected("B"))
+
+
+class _FailingModel:
+    """The model, except that its fourth step fails (as a step failing inside ONNX Runtime would)."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, 0
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def step(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 4:
+            raise RuntimeError("injected failure")
+        return self.model.step(*args, **kwargs)
+
+
+def _abandon(generator, how: str) -> None:
+    if how == "failed":
+        with pytest.raises(RuntimeError, match="injected"):
+            list(generator.stream(_prompts(), STEPS))
+        return
+    stream = generator.stream(_prompts(), STEPS)
+    if how == "never started":
+        del stream
+        return
+    next(stream)
+    if how == "closed":
+        stream.close()
+        with pytest.raises(StopIteration):
+            next(stream)
+    elif how == "context manager":
+        with stream:
+            next(stream)
+    elif how == "garbage collected":
+        del stream
+    elif how == "in a reference cycle":
+        cycle = [stream]
+        cycle.append(cycle)
+        del stream, cycle
+        gc.collect()
+    elif how == "exhausted":
+        list(stream)
+
+
+@pytest.mark.parametrize("how", ["closed", "context manager", "garbage collected", "in a reference cycle",
+                                 "never started", "exhausted", "failed"])
+def test_an_abandoned_stream_frees_the_cache(how):
+    generator = Generator(_FailingModel(_model()) if how == "failed" else _model())
+    _abandon(generator, how)
+    if how == "failed":
+        generator.model.calls = -100
+    assert generator.generate(_prompts(22), STEPS) == _expected("B")
 
 
 # --- bad arguments, refused before anything is written ----------------------------------------------
