@@ -99,6 +99,7 @@ class _Checker:
         self.outputs = {o.name: _value(o) for o in graph.output}
         self.nodes = list(graph.node)
         self.producer = {name: node for node in self.nodes for name in node.output if name}
+        self.layers: list[_Layer] = []  # the graph's layers, when its attention is op nodes
 
     def fail(self, text: str):
         raise ModelFolderError(f"{self.sidecar_name}: {text}")
@@ -172,8 +173,7 @@ class _Checker:
 
     def check_layers(self, nodes: list) -> None:
         s = self.s
-        layers = self.graph_layers(nodes)
-        self.layers = layers
+        self.layers = layers = self.graph_layers(nodes)
         if len(layers) != s.num_layers:
             self.disagree("num_layers", s.num_layers, f"there are {len(layers)} attention layers")
         sparse = [index for index, layer in enumerate(layers) if layer.names["past_block_max"]]
@@ -273,7 +273,7 @@ class _Checker:
     # -- Quest attributes ----------------------------------------------------------------------------
 
     def check_attributes(self, nodes: list) -> None:
-        layer_of = {id(node): index for index, layer in enumerate(getattr(self, "layers", [])) for node in layer.nodes}
+        layer_of = {id(node): index for index, layer in enumerate(self.layers) for node in layer.nodes}
         fields = {f.name for f in dataclasses.fields(Sidecar)}
         for node in nodes:
             spec = OPS_BY_NAME.get(node.op_type) if node.domain == DOMAIN else None
