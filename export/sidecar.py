@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pathlib
+
+from ..ops.schemas import FLOAT_TYPES, SPARSE_BLOCK_SELECT
 
 SIDECAR_NAME = "quest_model.json"
 FORMAT = "quest_ort.model/1"
+
+
+class ModelFolderError(ValueError):
+    """A model folder whose files cannot be read or disagree with each other; the message, one line,
+    names the file, the field and what is wrong."""
 
 
 @dataclasses.dataclass
@@ -74,20 +82,37 @@ class Sidecar:
 
     @classmethod
     def read(cls, directory: pathlib.Path) -> Sidecar:
+        """The sidecar of a model folder, every field checked alone and against the others (the
+        graph is checked against it when the runtime opens the folder: runtime/folder_check.py)."""
         path = pathlib.Path(directory) / SIDECAR_NAME
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: not a directory written by export-sparse")
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            # from None: the one-line message says it all; a parser traceback would bury it
+            raise ModelFolderError(f"{path}: not valid JSON ({error})") from None
+        if not isinstance(data, dict):
+            raise ModelFolderError(f"{path}: must hold a JSON object, got a {type(data).__name__}")
         if data.get("format") != FORMAT:
-            raise ValueError(f"{path}: format {data.get('format')!r}, this quest_ort reads {FORMAT!r}")
-        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+            raise ModelFolderError(f"{path}: format {data.get('format')!r}, this quest_ort reads {FORMAT!r}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(data) - set(fields)
         if unknown:  # nothing in a model folder may steer us beyond the known fields
-            raise ValueError(f"{path}: unknown fields {sorted(unknown)}")
+            raise ModelFolderError(f"{path}: unknown fields {sorted(unknown)}")
+        missing = [name for name, f in fields.items() if name not in data
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ModelFolderError(f"{path}: missing fields {missing}")
+        for name, f in fields.items():  # fields older exports lack take their defaults, checked like the rest
+            if name not in data:
+                data[name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         for field in ("model_file", "tokenizer"):
             name = data.get(field)
             if name is not None and (not isinstance(name, str) or pathlib.PurePath(name).is_absolute()
                                      or ".." in pathlib.PurePath(name).parts or "\\" in name):
-                raise ValueError(f"{path}: {field} {name!r} must be a relative path inside the model folder")
+                raise ModelFolderError(f"{path}: {field} {name!r} must be a relative path inside the model folder")
+        _check_fields(data, lambda field, text: ModelFolderError(f"{path}: {field} {text}"))
         data["layers"] = [LayerIO(**layer) for layer in data["layers"]]
         return cls(**data)
 
@@ -101,3 +126,118 @@ class Sidecar:
                 io.past_block_importance = f"past_block_importance.{layer}"
                 io.present_block_importance = f"present_block_importance.{layer}"
         return io
+
+
+# The sidecar's Quest settings are SparseBlockSelect attributes of the same names: their ranges and
+# choices come from the op schema, so the sidecar accepts exactly what the ops accept.
+_SELECT_FIELDS = ("num_heads", "kv_num_heads", "block_size", "top_k", "sink_blocks", "recent_blocks", "num_probes",
+                  "group_reduce", "score", "importance_fraction")
+_POSITIVE_FIELDS = ("num_layers", "head_dim", "vocab_size", "capacity")
+_CHOICES = {"activation_dtype": FLOAT_TYPES, "kv_dtype": FLOAT_TYPES, "attention": ("quest", "gqa")}
+_STRING_FIELDS = ("model_file", "family", "source")
+_INPUT_ROLES, _OPTIONAL_INPUT_ROLES, _OUTPUT_ROLES = ("input_ids", "past_lens", "total_lens"), ("exact_lens",), ("logits",)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_fields(data: dict, problem) -> None:
+    """Raise problem(field, text) for the first field of a sidecar's JSON that is malformed or
+    contradicts another field (before anything is built from it)."""
+    def integer(field, minimum):
+        value = data[field]
+        if not _is_int(value) or value < minimum:
+            raise problem(field, f"must be an integer >= {minimum:g}, got {value!r}")
+
+    for field in _POSITIVE_FIELDS:
+        integer(field, 1)
+    for field in _SELECT_FIELDS:
+        spec = SPARSE_BLOCK_SELECT.attribute(field)
+        value = data[field]
+        if spec.kind == "int":
+            integer(field, spec.minimum)
+        elif spec.kind == "string" and value not in spec.choices:
+            raise problem(field, f"must be one of {list(spec.choices)}, got {value!r}")
+        elif spec.kind == "float" and not ((_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+                                           and spec.minimum <= value <= spec.maximum):
+            raise problem(field, f"must be a number in [{spec.minimum:g}, {spec.maximum:g}], got {value!r}")
+    if data["num_heads"] % data["kv_num_heads"]:
+        raise problem("num_heads", f"= {data['num_heads']} is not a multiple of kv_num_heads = {data['kv_num_heads']}")
+    for field, choices in {**_CHOICES, "bounds_dtype": (None, *FLOAT_TYPES)}.items():
+        if data[field] not in choices:
+            raise problem(field, f"must be one of {list(choices)}, got {data[field]!r}")
+    for field in _STRING_FIELDS:
+        if not isinstance(data[field], str) or not data[field]:
+            raise problem(field, f"must be a non-empty string, got {data[field]!r}")
+    if not isinstance(data["portable"], bool):
+        raise problem("portable", f"must be true or false, got {data['portable']!r}")
+    if not isinstance(data["exporter"], dict):
+        raise problem("exporter", f"must be an object, got {data['exporter']!r}")
+    _check_layers(data, problem)
+    _check_roles(data, problem)
+    eos = data["eos_token_ids"]
+    if not isinstance(eos, list) or not all(_is_int(t) and 0 <= t < data["vocab_size"] for t in eos):
+        raise problem("eos_token_ids", f"must be a list of token ids in [0, {data['vocab_size']}), got {eos!r}")
+
+
+def _check_layers(data: dict, problem) -> None:
+    """Layer lists and per-layer cache names: every layer dense or sparse, its caches complete and
+    every name used once (a name given twice would bind two caches to one buffer)."""
+    count = data["num_layers"]
+    chosen = {}
+    for field in ("sparse_layers", "dense_layers"):
+        value = data[field]
+        if not isinstance(value, list) or not all(_is_int(layer) and 0 <= layer < count for layer in value):
+            raise problem(field, f"must be a list of layer numbers in [0, {count}), got {value!r}")
+        chosen[field] = set(value)
+    if chosen["sparse_layers"] & chosen["dense_layers"] or chosen["sparse_layers"] | chosen["dense_layers"] != set(
+            range(count)):
+        raise problem("sparse_layers", f"{data['sparse_layers']} and dense_layers {data['dense_layers']} must split "
+                      f"the {count} layers between them")
+    layers = data["layers"]
+    if not isinstance(layers, list) or not all(isinstance(layer, dict) for layer in layers):
+        raise problem("layers", f"must be a list of objects, got {layers!r:.80}")
+    if len(layers) != count:
+        raise problem("layers", f"describes {len(layers)} layers, but num_layers is {count}")
+    names = {f.name for f in dataclasses.fields(LayerIO)}
+    required = [f.name for f in dataclasses.fields(LayerIO) if f.default is dataclasses.MISSING]
+    seen = {}
+    for index, layer in enumerate(layers):
+        where = f"layers[{index}]"
+        if set(layer) - names:
+            raise problem(where, f"has unknown fields {sorted(set(layer) - names)}")
+        if [name for name in required if name not in layer]:
+            raise problem(where, f"lacks {[name for name in required if name not in layer]}")
+        for field, name in layer.items():
+            if name is not None and (not isinstance(name, str) or not name):
+                raise problem(f"{where}.{field}", f"must be an input or output name, got {name!r}")
+            if name is not None and name in seen:
+                raise problem(f"{where}.{field}", f"names {name!r} twice (also {seen[name]})")
+            seen[name] = f"{where}.{field}"
+        io = LayerIO(**layer)
+        bounds = [io.past_block_max, io.past_block_min, io.present_block_max, io.present_block_min]
+        importance = [io.past_block_importance, io.present_block_importance]
+        if any(name is None for name in bounds) != all(name is None for name in bounds):
+            raise problem(where, "must name all four block bound caches (past and present max and min) or none")
+        if any(name is None for name in importance) != all(name is None for name in importance):
+            raise problem(where, "must name both block importance caches (past and present) or neither")
+        if importance[0] is not None and not io.sparse:
+            raise problem(where, "has block importance caches but no block bounds: only sparse layers select")
+        if io.sparse != (index in chosen["sparse_layers"]):
+            raise problem(where, f"{'has' if io.sparse else 'has no'} block bounds, but sparse_layers is "
+                          f"{data['sparse_layers']}")
+
+
+def _check_roles(data: dict, problem) -> None:
+    """The names the runtime feeds (input_ids, past_lens, total_lens, exact_lens) and reads (logits)."""
+    for field, required, optional in (("inputs", _INPUT_ROLES, _OPTIONAL_INPUT_ROLES), ("outputs", _OUTPUT_ROLES, ())):
+        value = data[field]
+        if not isinstance(value, dict):
+            raise problem(field, f"must be an object, got {value!r}")
+        if set(required) - set(value) or set(value) - set(required) - set(optional):
+            raise problem(field, f"must map {list(required)}{f' (and optionally {list(optional)})' if optional else ''}"
+                          f" to names, got {sorted(value)}")
+        for role, name in value.items():
+            if not isinstance(name, str) or not name:
+                raise problem(f"{field}.{role}", f"must be a name, got {name!r}")

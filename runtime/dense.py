@@ -9,6 +9,7 @@ import pathlib
 
 import numpy as np
 
+from .inputs import integer, step_arguments
 from .model import CapacityError
 from .sessions import make_session
 
@@ -36,17 +37,22 @@ class OptimumModel:
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.past_inputs = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
         self.outputs = [o.name for o in self.session.get_outputs()]
+        logits = next(o for o in self.session.get_outputs() if o.name == "logits")
+        self.vocab_size = logits.shape[-1] if isinstance(logits.shape[-1], int) else None
 
     def new_cache(self, batch: int, capacity: int | None = None) -> GrowingCache:
+        batch = integer(batch, "batch", 1)
+        capacity = None if capacity is None else integer(capacity, "capacity", 1)
         past = {i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), np.float32) for i in self.past_inputs}
         return GrowingCache(int(capacity or 2**31 - 1), np.zeros(batch, np.int32), np.zeros((batch, 0), np.int64), past)
 
     def step(self, cache: GrowingCache, input_ids: np.ndarray, valid: np.ndarray | None = None, *,
              exact: bool = True) -> np.ndarray:
         """One step; dense attention is always exact (`exact` is accepted for the common interface)."""
-        input_ids = np.asarray(input_ids, np.int64)
-        batch, new_tokens = input_ids.shape
-        valid = np.full(batch, new_tokens, np.int32) if valid is None else np.asarray(valid, np.int32)
+        if not isinstance(cache, GrowingCache):
+            raise ValueError(f"cache must come from this model's new_cache, got a {type(cache).__name__}")
+        input_ids, valid = step_arguments(input_ids, valid, exact, cache.batch, self.vocab_size)
+        new_tokens = input_ids.shape[1]
         if (cache.lengths + valid > cache.capacity).any():
             raise CapacityError(f"a row would pass the capacity {cache.capacity}; nothing was written")
         fresh = (np.arange(new_tokens)[None, :] < valid[:, None]).astype(np.int64)

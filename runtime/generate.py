@@ -12,17 +12,24 @@ for step in generator.stream([[1, 2, 3], [4, 5]], Sampling(max_new_tokens=32, te
 tokens = generator.generate(prompts, Sampling(max_new_tokens=64))  # greedy
 ```
 A Generator owns one cache, allocated at the first request and reused by the next ones (capacity
-and batch permitting). It is not thread-safe: give each thread its own Generator; they may share
-one QuestModel, whose ONNX Runtime session runs concurrent steps safely.
+and batch permitting). One cache serves one stream: while a stream is open, another request to the
+same Generator raises GeneratorBusyError (it would reset the cache under the open stream); a
+stream frees the cache when it ends, fails, is closed or is garbage-collected. Two requests at once
+take two Generators, which may share one QuestModel (one session, one copy of the weights), as may
+threads: a Generator belongs to one thread at a time.
+Every argument is checked before anything runs (runtime/inputs.py): float or string token ids, an
+empty prompt, a NaN temperature are ValueErrors naming the argument, and the cache is untouched.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from . import inputs
 from .model import CapacityError, KVCache
 
 PREFILL_CHUNK = 512
@@ -39,10 +46,18 @@ class Sampling:
     stop_tokens: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.max_new_tokens < 0:
-            raise ValueError("max_new_tokens must be >= 0")
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError("need temperature >= 0, top_k >= 0 and 0 < top_p <= 1")
+        # Normalised to Python numbers (frozen: hence object.__setattr__), so equal settings hash equal.
+        checked = dict(max_new_tokens=inputs.integer(self.max_new_tokens, "max_new_tokens", 0),
+                       temperature=inputs.number(self.temperature, "temperature", minimum=0.0),
+                       top_k=inputs.integer(self.top_k, "top_k", 0),
+                       top_p=inputs.number(self.top_p, "top_p", minimum=0.0, maximum=1.0, above_minimum=True),
+                       seed=None if self.seed is None else inputs.integer(self.seed, "seed", 0))
+        stop = self.stop_tokens
+        if isinstance(stop, (str, bytes)) or not isinstance(stop, (Sequence, np.ndarray)):
+            raise inputs.InputTypeError(f"stop_tokens must be a sequence of token ids, got {type(stop).__name__} {stop!r}")
+        checked["stop_tokens"] = tuple(inputs.integer(t, f"stop_tokens[{i}]", 0) for i, t in enumerate(stop))
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
 
 def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
@@ -71,14 +86,18 @@ def _check_prefill_mode(mode: str) -> str:
     return mode
 
 
+def _vocabulary(model) -> int | None:
+    return getattr(model, "vocab_size", None)
+
+
 def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK,
             mode: str = "exact") -> np.ndarray:
     """Feed the prompts (right-padded into one batch) `chunk` positions per step into an empty cache;
     returns the logits of each prompt's last token [B, V]. `mode`: "exact" (every prompt token
     attends to every position before it) or "sparse" (each selects its blocks, as decode does)."""
     exact = _check_prefill_mode(mode) == "exact"
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
+    prompts = inputs.prompts(prompts, _vocabulary(model))
+    chunk = inputs.integer(chunk, "chunk", 1)
     if len(prompts) != cache.batch:
         raise ValueError(f"{len(prompts)} prompts for a cache of batch {cache.batch}")
     lengths = np.array([len(p) for p in prompts], np.int32)
@@ -102,14 +121,61 @@ def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int 
     return last
 
 
+class GeneratorBusyError(RuntimeError):
+    """A request to a Generator while one of its streams is open; that stream is unaffected."""
+
+
+class Stream:
+    """The steps of one request (Generator.stream): an iterator over each step's new tokens.
+
+    While it is open its Generator refuses other requests. It releases the Generator when it ends
+    or fails, and when it is closed (`close()`, a `with` block) or garbage-collected, so an
+    abandoned stream does not lock its Generator for good.
+    """
+
+    def __init__(self, steps: Iterator[list[int | None]], release):
+        self._steps, self._release = steps, release
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> list[int | None]:
+        if self._steps is None:
+            raise StopIteration
+        try:
+            return next(self._steps)
+        except BaseException:  # the end (StopIteration), a failed step or an interrupt: release
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop generating and release the Generator (the cache keeps what was generated so far)."""
+        steps, self._steps = self._steps, None
+        if steps is not None:
+            steps.close()
+            self._release()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class Generator:
     def __init__(self, model, capacity: int | None = None, prefill: str = "exact"):
         """`prefill`: "exact" (the default, Quest's split: the prompt attends exactly, generated
         tokens select their blocks) or "sparse" (prompt tokens select their blocks too)."""
         self.model = model
-        self.capacity = capacity
+        self.capacity = None if capacity is None else inputs.integer(capacity, "capacity", 1)
         self.prefill = _check_prefill_mode(prefill)
         self.cache: KVCache | None = None
+        # Held by the open stream. A lock rather than a flag: two threads asking at once cannot both
+        # get the cache. Streams hold its release, not the Generator, so dropping one frees it at once.
+        self._busy = threading.Lock()
 
     def _cache_for(self, batch: int, needed: int) -> KVCache:
         capacity = self.capacity or getattr(getattr(self.model, "sidecar", None), "capacity", None) or needed
@@ -122,10 +188,36 @@ class Generator:
             self.cache.reset()
         return self.cache
 
-    def stream(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> Iterator[list[int | None]]:
-        """Yield, per step, each row's new token (None for rows that already stopped)."""
-        needed = max(len(p) for p in prompts) + sampling.max_new_tokens
-        cache = self._cache_for(len(prompts), needed)
+    def _check_request(self, prompts, sampling) -> list[np.ndarray]:
+        """The prompts as token id arrays, once every argument is known good."""
+        if not isinstance(sampling, Sampling):
+            raise inputs.InputTypeError(f"sampling must be a Sampling, got {type(sampling).__name__} {sampling!r:.60}")
+        vocab = _vocabulary(self.model)
+        rows = inputs.prompts(prompts, vocab)
+        outside = [token for token in sampling.stop_tokens if vocab is not None and token >= vocab]
+        if outside:
+            raise ValueError(f"stop_tokens must lie in [0, {vocab}), got {outside[0]}")
+        return rows
+
+    def stream(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> Stream:
+        """A Stream yielding, per step, each row's new token (None for rows that already stopped).
+
+        The arguments are checked, and the cache prepared, when stream is called: a bad argument, a
+        request past the capacity, or GeneratorBusyError while another stream of this Generator is
+        open, raises there, with the cache untouched."""
+        prompts = self._check_request(prompts, sampling)
+        if not self._busy.acquire(blocking=False):
+            raise GeneratorBusyError(
+                "a stream of this Generator is open and its cache is in use: exhaust or close() that stream "
+                "first, or use another Generator (Generators may share one QuestModel)")
+        try:
+            cache = self._cache_for(len(prompts), max(len(p) for p in prompts) + sampling.max_new_tokens)
+        except BaseException:
+            self._busy.release()
+            raise
+        return Stream(self._steps(cache, prompts, sampling), self._busy.release)
+
+    def _steps(self, cache: KVCache, prompts: list[np.ndarray], sampling: Sampling) -> Iterator[list[int | None]]:
         rng = np.random.default_rng(sampling.seed)
         if sampling.max_new_tokens == 0:
             return
@@ -143,11 +235,12 @@ class Generator:
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> list[list[int]]:
         """The new tokens of each row (stop tokens included, nothing after them)."""
-        rows: list[list[int]] = [[] for _ in prompts]
-        for step in self.stream(prompts, sampling):
-            for row, token in enumerate(step):
-                if token is not None:
-                    rows[row].append(token)
+        with self.stream(prompts, sampling) as steps:
+            rows: list[list[int]] = [[] for _ in prompts]
+            for step in steps:
+                for row, token in enumerate(step):
+                    if token is not None:
+                        rows[row].append(token)
         return rows
 
 
@@ -155,6 +248,8 @@ def greedy(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, capacit
            return_logits: bool = False, prefill_mode: str = "exact"):
     """Greedy continuation of each prompt (and, if asked, the logits of every step), for tests and
     comparisons where the logits matter."""
+    prompts = inputs.prompts(prompts, _vocabulary(model))
+    max_new_tokens = inputs.integer(max_new_tokens, "max_new_tokens", 0)
     cache = model.new_cache(len(prompts), capacity)
     last = prefill(model, cache, prompts, mode=prefill_mode)
     steps, tokens = [last], [[] for _ in prompts]

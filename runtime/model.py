@@ -19,10 +19,12 @@ import pathlib
 import numpy as np
 import onnxruntime as ort
 
-from ..export.safety import check_external_data
-from ..export.sidecar import Sidecar
+from ..export.safety import check_external_data, load_model_file
+from ..export.sidecar import SIDECAR_NAME, Sidecar
 from .binding import InPlaceStep
 from .buffers import cache_buffer
+from .folder_check import check_sidecar_against_graph
+from .inputs import integer, step_arguments
 from .sessions import make_session
 
 
@@ -57,10 +59,17 @@ class QuestModel:
                  initializers: dict | None = None):
         """`model_file` picks another graph in the folder with the same I/O (a variant of the
         export); `initializers` (name -> OrtValue) share weights between several sessions."""
+        if threads is not None:
+            integer(threads, "threads", 0)  # 0: ONNX Runtime's default
         self.directory = pathlib.Path(directory)
         self.sidecar = Sidecar.read(self.directory)
         model_path = self.directory / (model_file or self.sidecar.model_file)
-        check_external_data(model_path)  # a model folder we did not write may point anywhere
+        graph = load_model_file(model_path)  # a truncated or foreign file: a one-line error naming it
+        check_external_data(model_path, graph)  # a model folder we did not write may point anywhere
+        # The caches are built and bound from the sidecar alone: it must describe this graph.
+        check_sidecar_against_graph(self.sidecar, graph, self.directory / SIDECAR_NAME, model_path,
+                                    variant=model_file not in (None, self.sidecar.model_file))
+        del graph  # the session reads the file itself
         self.session = make_session(str(model_path), threads=threads, providers=providers, initializers=initializers,
                                     register_library=not self.sidecar.portable)
         self._initializers = initializers  # ONNX Runtime only borrows them: they must outlive the session
@@ -84,6 +93,11 @@ class QuestModel:
                                 for name in (layer.past_block_max, layer.past_block_min)]
         self._importance_names = [layer.past_block_importance for layer in self.sidecar.layers
                                   if layer.past_block_importance]
+        self._cache_names = set(aliases.values())
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sidecar.vocab_size
 
     def prefill_chunk(self, batch: int, preferred: int) -> int:
         """Positions per prefill step: `preferred`, except for the GroupQueryAttention baseline,
@@ -95,9 +109,8 @@ class QuestModel:
     def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
         """Allocate every cache of a batch once, at `capacity` tokens (default: the sidecar's)."""
         s = self.sidecar
-        capacity = int(capacity or s.capacity)
-        if capacity < 1 or batch < 1:
-            raise ValueError(f"batch and capacity must be positive, got {batch} and {capacity}")
+        batch = integer(batch, "batch", 1)
+        capacity = s.capacity if capacity is None else integer(capacity, "capacity", 1)
         blocks = -(-capacity // s.block_size)
         buffers = {}
         for layer in s.layers:
@@ -124,15 +137,15 @@ class QuestModel:
         `exact`: the step's tokens attend to every cached position (a prompt, as Quest prefills);
         otherwise each selects its blocks (sparse layers). A graph without sparse layers (the
         GroupQueryAttention baseline, an all-dense export) always attends exactly.
-        Raises CapacityError, before anything runs, when a row would pass the capacity.
+        Raises, before anything runs: ValueError for a bad argument (token ids that are not
+        integers or lie outside the vocabulary, S = 0, ...), CapacityError when a row would pass the
+        capacity.
         """
-        input_ids = np.asarray(input_ids, dtype=np.int64)
-        if input_ids.ndim != 2 or input_ids.shape[0] != cache.batch:
-            raise ValueError(f"input_ids must be [batch={cache.batch}, S], got shape {input_ids.shape}")
+        if not isinstance(cache, KVCache) or set(cache.buffers) != self._cache_names:
+            got = "the caches of another model" if isinstance(cache, KVCache) else f"a {type(cache).__name__}"
+            raise ValueError(f"cache must come from this model's new_cache, got {got}")
+        input_ids, valid = step_arguments(input_ids, valid, exact, cache.batch, self.sidecar.vocab_size)
         new_tokens = input_ids.shape[1]
-        valid = np.full(cache.batch, new_tokens, np.int32) if valid is None else np.asarray(valid, np.int32)
-        if valid.shape != (cache.batch,) or (valid < 0).any() or (valid > new_tokens).any():
-            raise ValueError(f"valid must hold {cache.batch} counts in [0, {new_tokens}], got {valid.tolist()}")
         total = cache.lengths + valid
         if (total > cache.capacity).any():
             row = int(np.argmax(total > cache.capacity))
@@ -144,10 +157,6 @@ class QuestModel:
             raise CapacityError(
                 f"row {row} holds {int(cache.lengths[row])} tokens and a step of {new_tokens} positions (padding "
                 f"included) would pass the cache capacity {cache.capacity}; nothing was written")
-        vocab = self.sidecar.vocab_size
-        if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= vocab):
-            raise ValueError(f"input_ids must lie in [0, {vocab}), got values from {input_ids.min()} to "
-                             f"{input_ids.max()}; nothing was written")
         names = self.sidecar.inputs
         if exact and self.sidecar.attention == "quest" and self.sidecar.sparse_layers and not self.selects_per_step:
             raise ValueError(f"{self.directory} was exported before exact prefill (its graph has no exact_lens "
