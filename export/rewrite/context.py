@@ -97,6 +97,7 @@ class RewriteContext:
         self.rewritten: dict[int, str] = {}  # layer -> rule name
         self.cache_inputs: dict[int, int] = {}  # id(past key or value input) -> layer
         self.positions: ir.Value | None = None  # [B, S] int64 past_lens + i, for rules that apply RoPE
+        self.probe = None  # probe.SourceProbe of the graph before the rewrite, set by rewrite_attention
         self._gqa_lengths = None  # (seqlens_k, total_sequence_length), shared by the GQA layers
         self.failures: dict[int, list[str]] = collections.defaultdict(list)
         self.metadata_outputs: dict[int, tuple[ir.Value, ir.Value]] = {}
