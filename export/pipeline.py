@@ -136,9 +136,9 @@ def export_sparse(
         check_external_data(optimum_path)
         progress.step(f"rewriting {geometry.num_layers} attention layers into Quest ops")
         onnx_model = ir.load(optimum_path)
-        counts = rewrite_attention(onnx_model, settings, geometry)
-        progress.step("checking and saving")
         capacity = int(capacity or min(config.get("max_position_embeddings", 8192), 8192))
+        counts = rewrite_attention(onnx_model, settings, geometry, capacity=capacity)
+        progress.step("checking and saving")
         staged, sidecar = _save(onnx_model, work, counts, geometry, settings, family, source, capacity,
                                 int(config["vocab_size"]), eos=_eos_ids(checkpoint), tokenizer_from=checkpoint)
         difference = None
@@ -268,7 +268,7 @@ def rewrite_onnx(
         dense = tuple(layer for layer in settings.dense_layers if layer < geometry.num_layers)
         settings = dataclasses.replace(settings, dense_layers=dense)
         progress.step(f"rewriting {geometry.num_layers} attention layers into Quest ops")
-        counts = rewrite_attention(onnx_model, settings, geometry)
+        counts = rewrite_attention(onnx_model, settings, geometry, capacity=capacity)
         logits = next((v for v in onnx_model.graph.outputs if v.name == "logits"), None)
         vocab = logits.shape[-1] if logits is not None and logits.shape is not None else None
         if not isinstance(vocab, int):
