@@ -231,3 +231,67 @@ def test_the_softcap_and_scale_are_the_ops_attributes(tmp_path):
     for node in (n for n in graph.node if n.op_type == "SparseBlockAttention"):
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         assert attributes["softcap"] == pytest.approx(1.5) and attributes["scale"] == pytest.approx(0.2)
+
+
+def _optimum_attention(edit) -> None:
+    """The tiny Qwen3's optimum graph with `edit(graph, add, scores_mul)` applied to every layer's
+    Add(scores, mask) (and the Mul scaling its query), rewritten: raises what rewrite_attention raises."""
+    import onnx_ir as ir
+
+    from export_models import TINY, tiny_model
+    from quest_ort.export.rewrite import Geometry, rewrite_attention
+
+    model = ir.load(tiny_model("qwen3").optimum)
+    for softmax in [n for n in model.graph if n.op_type == "Softmax"]:
+        add = softmax.inputs[0].producer()
+        scores = add.inputs[0].producer()
+        edit(model.graph, add, scores.inputs[0].producer())
+    config = TINY["qwen3"]
+    geometry = Geometry(config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"],
+                        config["head_dim"], ir.DataType.FLOAT)
+    rewrite_attention(model, SparseSettings(top_k=4, dense_layers=(0,)), geometry)
+
+
+def _zero_mask(graph, add, _):
+    """Every key visible to every query: a zero mask of the causal mask's shape."""
+    import onnx_ir as ir
+
+    shape = ir.node("Shape", [add.inputs[1]])
+    zeros = ir.node("ConstantOfShape", [shape.outputs[0]], attributes={"value": ir.tensor(np.zeros(1, np.float32))})
+    graph.insert_before(add, [shape, zeros])
+    add.replace_input_with(1, zeros.outputs[0])
+
+
+def _negative_scale(graph, _, query_mul):
+    import onnx_ir as ir
+
+    scale = query_mul.inputs[1]
+    negative = ir.Value(name=f"{scale.name}_negative",
+                        const_value=ir.tensor(-ir.convenience.get_const_tensor(scale).numpy()))
+    graph.register_initializer(negative)
+    query_mul.replace_input_with(1, negative)
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (_zero_mask, r"the attention mask \('\w+'\) lets the query at position 0 see the later key 1: not causal"),
+    (_negative_scale, r"the logit scale s1 \* s2 = -[\d.]+ \* [\d.]+ is not a finite positive number"),
+])
+def test_optimum_attention_refuses_masks_and_scales_it_does_not_model(edit, pattern):
+    with pytest.raises(ExportError, match="layer 0: " + pattern):
+        _optimum_attention(edit)
+
+
+def test_optimum_attention_refuses_a_sliding_window(tmp_path):
+    """Qwen2 with sliding-window layers (window 32, past every prompt the old validation used): the
+    windowed layers are refused, named, before anything is written."""
+    from export_models import TINY
+    from quest_ort.export.families import FAMILIES, build_default_model
+    from quest_ort.export.pipeline import export_sparse
+
+    build_default_model(FAMILIES["qwen2"], tmp_path / "checkpoint", **TINY["qwen2"], use_sliding_window=True,
+                        sliding_window=32, max_window_layers=1)
+    with pytest.raises(ExportError, match=r"attention not rewritten in layer 1: the attention mask \(.*\) hides key 0 "
+                                          rf"from the query at position {CAPACITY - 1}: a sliding window.*; layer 2: "):
+        export_sparse("qwen2", output=tmp_path / "quest", settings=SparseSettings(top_k=4, dense_layers=(0,)),
+                      model=str(tmp_path / "checkpoint"), capacity=CAPACITY, log=lambda *a, **k: None)
+    assert not (tmp_path / "quest").exists()
