@@ -1,6 +1,6 @@
 """Never silently wrong: every rewrite rule carries over what it models (scale, softcap) and refuses
 every other input, attribute or mask of the attention it replaces, naming the layer, the input or
-attribute and its value."""
+attribute and its value; what a rule misses, the validation against the source graph catches."""
 
 from __future__ import annotations
 
@@ -217,6 +217,7 @@ CARRIED = {
 def test_what_a_rule_models_is_carried_over_exactly(case, tmp_path):
     model = CARRIED[case]()
     report = _rewrite(model, tmp_path)
+    assert report.validation_max_abs_diff is not None
     quest = QuestModel(report.output, threads=1)
     prompt = np.random.default_rng(3).integers(0, VOCAB, 29).tolist()
     tokens, logits = greedy(quest, [prompt], 6, return_logits=True)
@@ -231,6 +232,22 @@ def test_the_softcap_and_scale_are_the_ops_attributes(tmp_path):
     for node in (n for n in graph.node if n.op_type == "SparseBlockAttention"):
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         assert attributes["softcap"] == pytest.approx(1.5) and attributes["scale"] == pytest.approx(0.2)
+
+
+def test_rewrite_onnx_validation_catches_what_a_rule_misses(tmp_path, monkeypatch):
+    """A rule that forgot smooth_softmax (its contract entry made 'modelled') exports a graph that
+    differs from its source: the validation refuses it before anything is placed."""
+    import dataclasses
+
+    from quest_ort.export.rewrite import genai_gqa
+
+    contract = getattr(genai_gqa, "CONTRACT", None)
+    if contract is not None:
+        attributes = {**contract.attributes, "smooth_softmax": (-1, None)}
+        monkeypatch.setattr(genai_gqa, "CONTRACT", dataclasses.replace(contract, attributes=attributes))
+    with pytest.raises(ExportError, match="validation failed: the Quest graph's logits differ"):
+        _rewrite(_gqa(attributes={"smooth_softmax": 1}), tmp_path)
+    assert not (tmp_path / "quest").exists()
 
 
 def _optimum_attention(edit) -> None:
