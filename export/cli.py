@@ -10,8 +10,10 @@ import argparse
 import pathlib
 import sys
 
+from ..ops.schemas import SPARSE_BLOCK_SELECT
 from .families import FAMILIES
 from .rewrite import ExportError, SparseSettings
+from .rewrite.context import INT32_MAX, attribute_range_problem
 
 _DEFAULT = SparseSettings(top_k=1)  # the option defaults are the settings' own (one source of truth)
 
@@ -20,23 +22,35 @@ def _layers(text: str) -> tuple[int, ...]:
     if text.strip().lower() in ("", "none"):
         return ()
     try:
-        return tuple(sorted({int(part) for part in text.split(",")}))
+        layers = tuple(sorted({int(part) for part in text.split(",")}))
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers or 'none', got {text!r}") from error
+    if any(not 0 <= layer <= INT32_MAX for layer in layers):
+        raise argparse.ArgumentTypeError(f"layer numbers must lie in [0, {INT32_MAX}], got {text!r}")
+    return layers
 
 
 def _positive(text: str) -> int:
     value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    if not 1 <= value <= INT32_MAX:  # lengths are int32 in the model
+        raise argparse.ArgumentTypeError(f"must lie in [1, {INT32_MAX}], got {text}")
     return value
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {text}")
-    return value
+def _setting(name: str):
+    """The argparse type of an option that becomes SparseBlockSelect's attribute `name`: the op
+    schema's range, refused before any work."""
+    kind = int if SPARSE_BLOCK_SELECT.attribute(name).kind == "int" else float
+
+    def parse(text: str):
+        value = kind(text)
+        problem = attribute_range_problem(name, value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    parse.__name__ = name  # argparse names it in "invalid top_k value: 'x'"
+    return parse
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,24 +69,24 @@ def parser() -> argparse.ArgumentParser:
                    help="model family (decides the default model and which rewrite rules apply)")
     p.add_argument("--model", help="local Hugging Face folder, a .gguf file, or a hub id (needs a network); "
                    "default: a small model of the family with deterministic random weights")
-    p.add_argument("--k", type=_positive, required=True, help="selection budget in blocks (top_k): per query head with --group-reduce none (the "
+    p.add_argument("--k", type=_setting("top_k"), required=True, help="selection budget in blocks (top_k): per query head with --group-reduce none (the "
                    "default), per KV head otherwise")
-    p.add_argument("--block-size", type=_positive, default=_DEFAULT.block_size,
+    p.add_argument("--block-size", type=_setting("block_size"), default=_DEFAULT.block_size,
                    help=f"tokens per metadata block P (default {_DEFAULT.block_size})")
-    p.add_argument("--sink", type=int, default=_DEFAULT.sink_blocks,
+    p.add_argument("--sink", type=_setting("sink_blocks"), default=_DEFAULT.sink_blocks,
                    help=f"leading blocks always selected (default {_DEFAULT.sink_blocks})")
-    p.add_argument("--recent", type=int, default=_DEFAULT.recent_blocks,
+    p.add_argument("--recent", type=_setting("recent_blocks"), default=_DEFAULT.recent_blocks,
                    help=f"blocks ending at the query's own block always selected (default {_DEFAULT.recent_blocks})")
     p.add_argument("--group-reduce", choices=("none", "mean", "max"), default=_DEFAULT.group_reduce,
                    help=f"'none': every query head selects its own K blocks (Quest's per-head selection; a KV head "
                    f"reads the union, up to G times the blocks); 'mean' or 'max': one selection per KV head scored "
                    f"with its query heads' mean or the max of their bounds (default {_DEFAULT.group_reduce})")
-    p.add_argument("--importance-fraction", type=_fraction, default=0.0,
+    p.add_argument("--importance-fraction", type=_setting("importance_fraction"), default=0.0,
                    help="share of the free budget chosen by accumulated attention mass, recorded from the "
                    "prefill on (default 0: off)")
     p.add_argument("--score", choices=("bound", "probe"), default="bound",
                    help="block scores: Quest's upper bound (default) or probes of num-probes keys per block")
-    p.add_argument("--num-probes", type=_positive, default=8, help="keys per block read by --score probe (default 8)")
+    p.add_argument("--num-probes", type=_setting("num_probes"), default=8, help="keys per block read by --score probe (default 8)")
     p.add_argument("--portable", action="store_true",
                    help="write every Quest op as its standard-op function body: runs without the op library, e.g. "
                    "on ONNX Runtime's CANN execution provider in graph mode (slower on CPUs; docs/cann.md)")
@@ -98,8 +112,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    if args.sink < 0 or args.recent < 0:
-        parser().error("--sink and --recent must be >= 0")
     from .pipeline import export_sparse, rewrite_onnx
 
     settings = SparseSettings(

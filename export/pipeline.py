@@ -13,11 +13,10 @@ import shutil
 import tempfile
 import time
 
-import numpy as np
-
 from .families import FAMILIES, build_default_model, load_checkpoint, read_config
 from .rewrite import ExportError, Geometry, SparseSettings, rewrite_attention
 from .sidecar import SIDECAR_NAME, Sidecar
+from .validate import validate_export
 
 MODEL_FILE = "model.quest.onnx"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -136,15 +135,15 @@ def export_sparse(
         check_external_data(optimum_path)
         progress.step(f"rewriting {geometry.num_layers} attention layers into Quest ops")
         onnx_model = ir.load(optimum_path)
-        counts = rewrite_attention(onnx_model, settings, geometry)
-        progress.step("checking and saving")
         capacity = int(capacity or min(config.get("max_position_embeddings", 8192), 8192))
-        staged, sidecar = _save(onnx_model, work, counts, geometry, settings, family, source, capacity,
+        counts = rewrite_attention(onnx_model, settings, geometry, capacity=capacity)
+        progress.step("checking and saving")
+        staged, _ = _save(onnx_model, work, counts, geometry, settings, family, source, capacity,
                                 int(config["vocab_size"]), eos=_eos_ids(checkpoint), tokenizer_from=checkpoint)
         difference = None
         if validate:
-            progress.step("validating against the optimum model on a short prompt")
-            difference = _validate(optimum_path, staged, geometry, int(config["vocab_size"]), sidecar.kv_dtype)
+            progress.step("validating against the optimum model")
+            difference = validate_export(optimum_path, staged)
         progress.done()
         _place(staged, output)
     return ExportReport(output, counts, difference, time.perf_counter() - begin)
@@ -244,10 +243,12 @@ def rewrite_onnx(
     settings: SparseSettings,
     capacity: int = 8192,
     overwrite: bool = False,
+    validate: bool = True,
     log=print,
 ) -> ExportReport:
     """Rewrite an already exported ONNX model (GroupQueryAttention or opset-23 Attention graphs, or
-    an optimum export) into a Quest model folder; the input's files are only read."""
+    an optimum export) into a Quest model folder, validated against the input graph as export_sparse
+    validates against optimum's; the input's files are only read."""
     import onnx_ir as ir
 
     from .rewrite import geometry_from_graph
@@ -258,7 +259,7 @@ def rewrite_onnx(
         raise FileNotFoundError(f"--model {model_path}: no such ONNX file")
     output = _prepare_output(output, overwrite, [model_path])
     begin = time.perf_counter()
-    progress = Progress(3, log)
+    progress = Progress(4 if validate else 3, log)
     with tempfile.TemporaryDirectory(prefix=".quest-export-", dir=output.parent) as work_name:
         work = pathlib.Path(work_name)
         progress.step(f"checking and loading {model_path.name}")
@@ -268,7 +269,7 @@ def rewrite_onnx(
         dense = tuple(layer for layer in settings.dense_layers if layer < geometry.num_layers)
         settings = dataclasses.replace(settings, dense_layers=dense)
         progress.step(f"rewriting {geometry.num_layers} attention layers into Quest ops")
-        counts = rewrite_attention(onnx_model, settings, geometry)
+        counts = rewrite_attention(onnx_model, settings, geometry, capacity=capacity)
         logits = next((v for v in onnx_model.graph.outputs if v.name == "logits"), None)
         vocab = logits.shape[-1] if logits is not None and logits.shape is not None else None
         if not isinstance(vocab, int):
@@ -277,9 +278,13 @@ def rewrite_onnx(
         folder = model_path.parent
         staged, _ = _save(onnx_model, work, counts, geometry, settings, "onnx", str(model_path), capacity, vocab,
                           eos=_eos_ids(folder), tokenizer_from=folder)
+        difference = None
+        if validate:
+            progress.step(f"validating against {model_path.name}")
+            difference = validate_export(model_path, staged)
         progress.done()
         _place(staged, output)
-    return ExportReport(output, counts, None, time.perf_counter() - begin)
+    return ExportReport(output, counts, difference, time.perf_counter() - begin)
 
 
 def check_model_path(path: pathlib.Path) -> None:
@@ -298,30 +303,3 @@ def _eos_ids(checkpoint: pathlib.Path) -> list[int]:
         return []
     eos = json.loads(path.read_text()).get("eos_token_id")
     return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-
-
-def _validate(optimum_path: pathlib.Path, staged: pathlib.Path, geometry: Geometry, vocab: int, kv_dtype: str) -> float:
-    """Max |logit difference| between the optimum graph and the Quest graph on a 24-token prompt
-    (shorter than the budget, so the Quest layers are exactly dense). Raises on a real mismatch."""
-    import onnxruntime as ort
-
-    from ..runtime.model import QuestModel
-
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, vocab, size=(1, 24), dtype=np.int64)
-    session = ort.InferenceSession(str(optimum_path), providers=["CPUExecutionProvider"])
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(24)[None]}
-    empty = np.zeros((1, geometry.kv_num_heads, 0, geometry.head_dim), np.float32)
-    for layer in range(geometry.num_layers):
-        feeds[f"past_key_values.{layer}.key"] = empty
-        feeds[f"past_key_values.{layer}.value"] = empty
-    names = {i.name for i in session.get_inputs()}
-    expected = session.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0]
-    quest = QuestModel(staged, threads=1)
-    got = quest.step(quest.new_cache(1, capacity=64), ids, exact=True)
-    difference = float(np.abs(got - expected).max())
-    scale = float(np.abs(expected).max())
-    tolerance = (2e-2 if kv_dtype == "float16" else 1e-3) * max(scale, 1.0)
-    if not difference <= tolerance:
-        raise ExportError(f"validation failed: the Quest graph's logits differ from the optimum graph's by {difference:.3g}")
-    return difference

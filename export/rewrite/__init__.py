@@ -20,6 +20,7 @@ from .genai_gqa import GenaiGroupQueryAttention
 from .layers import LayerSlot, detect_kind, find_layers
 from .model_io import ExportError, finish_io, positions_from_past_lens
 from .optimum_attention import OptimumAttention
+from .probe import SourceProbe
 
 __all__ = ["ExportError", "Geometry", "SparseSettings", "geometry_from_graph", "rewrite_attention"]
 
@@ -77,9 +78,11 @@ def _unmatched_reason(model: ir.Model, rule, slot: LayerSlot) -> str:
     return f"{result.reason or 'the structure differs'}" + (f" (at {where})" if where else "")
 
 
-def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geometry | None = None) -> dict:
+def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geometry | None = None,
+                      capacity: int = 8192) -> dict:
     """Rewrite every attention layer in place; return the counts. Raises ExportError naming the
-    layers that did not match (the model is then left unusable: rewrite a copy)."""
+    layers that did not match or were refused (the model is then left unusable: rewrite a copy).
+    `capacity`: the longest context the model is exported for; masks are probed up to it."""
     graph = model.graph
     kind = detect_kind(graph)
     slots = find_layers(graph, kind)
@@ -94,6 +97,8 @@ def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geome
     for slot in slots:
         context.cache_inputs[id(slot.past_key)] = slot.index
         context.cache_inputs[id(slot.past_value)] = slot.index
+    # Before anything changes the graph: the probe evaluates masks and lengths as the source computes them.
+    context.probe = SourceProbe(model, slots, capacity)
     context.positions = positions_from_past_lens(graph, context.past_lens, input_ids)
     position_ids = next((v for v in graph.inputs if v.name == "position_ids"), None)
     if position_ids is not None:  # before the rules: their clean-up drops nodes nothing uses yet

@@ -5,10 +5,31 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 
 import onnx_ir as ir
 
-from ...ops.schemas import DOMAIN
+from ...ops.schemas import DOMAIN, SPARSE_BLOCK_SELECT
+
+INT32_MAX = 2**31 - 1
+# The settings that become SparseBlockSelect attributes (same names): their ranges are the op schema's,
+# and an int attribute must fit in int32, so a bad value is refused here rather than by the checker.
+ATTRIBUTE_SETTINGS = ("top_k", "block_size", "sink_blocks", "recent_blocks", "importance_fraction", "num_probes")
+
+
+def attribute_range_problem(name: str, value) -> str | None:
+    """Why `value` is out of range for SparseBlockSelect's attribute `name`, or None."""
+    attribute = SPARSE_BLOCK_SELECT.attribute(name)
+    integer = attribute.kind == "int"
+    low = attribute.minimum
+    high = attribute.maximum if attribute.maximum is not None else (INT32_MAX if integer else math.inf)
+    if integer:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be an integer, got {value!r}"
+        low, high = int(low), int(high)
+    if not low <= value <= high:  # NaN fails too
+        return f"must lie in [{low}, {high}], got {value!r}"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +58,12 @@ class SparseSettings:
     # Carry every layer's accumulated attention mass per block (past/present_block_importance.l)
     # into SparseBlockSelect; on by default when importance_fraction > 0.
     track_importance: bool | None = None
+
+    def __post_init__(self):
+        for name in ATTRIBUTE_SETTINGS:
+            problem = attribute_range_problem(name, getattr(self, name))
+            if problem:
+                raise ValueError(f"{name} {problem}")
 
     @property
     def importance(self) -> bool:
@@ -97,6 +124,7 @@ class RewriteContext:
         self.rewritten: dict[int, str] = {}  # layer -> rule name
         self.cache_inputs: dict[int, int] = {}  # id(past key or value input) -> layer
         self.positions: ir.Value | None = None  # [B, S] int64 past_lens + i, for rules that apply RoPE
+        self.probe = None  # probe.SourceProbe of the graph before the rewrite, set by rewrite_attention
         self._gqa_lengths = None  # (seqlens_k, total_sequence_length), shared by the GQA layers
         self.failures: dict[int, list[str]] = collections.defaultdict(list)
         self.metadata_outputs: dict[int, tuple[ir.Value, ir.Value]] = {}

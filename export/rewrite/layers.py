@@ -54,6 +54,24 @@ def _concat_of_past(value: ir.Value | None) -> tuple[ir.Value, ir.Value] | None:
     return None
 
 
+def repeat_kv_problem(value: ir.Value, present: ir.Value) -> str | None:
+    """Why `value` is not `present` [B, N, T, D] as transformers' repeat_kv repeats it (or as is):
+    Unsqueeze at axis 2, Expand, Reshape, so that query head h reads KV head h // G, as the Quest
+    ops do. Unsqueezing at axis 1 instead would interleave the heads (h reads h % N)."""
+    while value is not present:
+        node = value.producer()
+        if node is None or node.op_type not in ("Reshape", "Expand", "Unsqueeze"):
+            return f"{value.name!r} is not the cache repeated by Unsqueeze, Expand and Reshape"
+        if node.op_type == "Unsqueeze":
+            axes = ir.convenience.get_const_tensor(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] else None
+            axes = None if axes is None else axes.numpy().reshape(-1).tolist()
+            if axes not in ([2], [-3]):
+                return (f"Unsqueeze {node.name!r} inserts the repeat axis at {axes}; the KV heads repeat as query "
+                        "head h reading KV head h // G only with axis 2")
+        value = node.inputs[0]
+    return None
+
+
 def find_layers(graph: ir.Graph, kind: str) -> list[LayerSlot]:
     slots: list[LayerSlot] = []
     for node in graph:

@@ -10,7 +10,9 @@ q_rot -Mul(s1)--.
 K' -Transpose(0,1,3,2)-Mul(s2)-MatMul-Add(mask)-Softmax-Where(IsNaN, 0, .)-MatMul(V')
    -Transpose(0,2,1,3)-Reshape--> o_proj input
 ```
-becomes the layer's Quest nodes with scale s1 * s2 (RewriteContext.emit_layer).
+becomes the layer's Quest nodes with scale s1 * s2 (RewriteContext.emit_layer), once the check has
+shown that the mask is the causal mask (evaluated by the probe: a sliding window or a bias is
+refused), that s1 * s2 is a positive scale and that the heads repeat as repeat_kv repeats them.
 
 What produces q_rot, k_rot and v stays as exported and is read, not matched: the projections
 with their biases (Qwen2's q/k/v Adds, before RoPE), Qwen3's q/k norms and the RoPE itself, so one
@@ -21,6 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 from onnxscript.rewriter import pattern
+
+from .layers import repeat_kv_problem
+
 
 def _repeat_kv(op, x):
     expanded = op.Expand(op.Unsqueeze(x, _allow_other_inputs=True), _allow_other_inputs=True)
@@ -44,13 +49,14 @@ class OptimumAttention(pattern.RewriteRuleClassBase):
     def pattern(self, op, q, present_key, present_value, mask, s1, s2, zero):
         keys = _repeat_kv(op, present_key)
         values = _repeat_kv(op, present_value)
-        scores = op.MatMul(op.Mul(q, s1), op.Mul(op.Transpose(keys, perm=[0, 1, 3, 2]), s2))
+        keys_t = op.Transpose(keys, perm=[0, 1, 3, 2], _outputs=["keys_t"])
+        scores = op.MatMul(op.Mul(q, s1), op.Mul(keys_t, s2))
         probabilities = op.Softmax(op.Add(scores, mask), axis=-1)
         probabilities = op.Where(op.IsNaN(probabilities), zero, probabilities)
-        context = op.MatMul(probabilities, values)
-        return op.Reshape(op.Transpose(context, perm=[0, 2, 1, 3]), _allow_other_inputs=True)
+        attended = op.MatMul(probabilities, values, _outputs=["attended"])
+        return op.Reshape(op.Transpose(attended, perm=[0, 2, 1, 3]), _allow_other_inputs=True)
 
-    def check(self, op, q, present_key, present_value, s1, s2, zero, **_):
+    def check(self, op, q, present_key, present_value, mask, s1, s2, zero, keys_t, attended, **_):
         result = pattern.MatchResult()
         # The present key/value are graph outputs, so they stay outside the pattern: check that each
         # is Concat(past_key_values.l.<key|value>, new tokens, axis=-2).
@@ -70,7 +76,20 @@ class OptimumAttention(pattern.RewriteRuleClassBase):
             return result.fail(self.context.fail(layer, "the logit scale factors are not scalar constants"))
         if _scalar(zero) != 0.0:
             return result.fail(self.context.fail(layer, "the NaN guard does not replace NaN with 0"))
-        self._layer, self._scale = layer, float(np.float32(scales[0]) * np.float32(scales[1]))
+        scale = float(np.float32(scales[0]) * np.float32(scales[1]))
+        if not np.isfinite(scale) or scale <= 0:
+            return result.fail(self.context.fail(
+                layer, f"the logit scale s1 * s2 = {scales[0]:g} * {scales[1]:g} is not a finite positive number "
+                "(SparseBlockAttention reads a scale of 0 as 1/sqrt(D))"))
+        for role, repeated, present in (("keys", keys_t.producer().inputs[0], present_key),
+                                        ("values", attended.producer().inputs[1], present_value)):
+            problem = repeat_kv_problem(repeated, present)
+            if problem:
+                return result.fail(self.context.fail(layer, f"the attended {role}: {problem}"))
+        problem = self.context.probe.mask_problem(mask, f"the attention mask ({mask.name!r})")
+        if problem:
+            return result.fail(self.context.fail(layer, problem))
+        self._layer, self._scale = layer, scale
         self._operands = (k, v, past_key, past_value, present_key, present_value)
         return result
 

@@ -1,0 +1,115 @@
+"""Numerical validation of a rewritten model against its source graph, before the export is placed.
+
+The Quest graph is exact wherever its budget covers the context (every block is selected) and on
+exact prefill; past the budget, selection is expected to change the logits. So the source and the
+Quest graph are run on the same tokens, step by step:
+
+- a prompt the budget covers, prefilled exactly, then decoded sparsely while the budget still
+  covers the context: every step compared;
+- the same prompt prefilled sparsely (each prompt token selects, all blocks fit): compared;
+- a longer prompt, past the budget where the capacity allows: its exact prefill compared, then a
+  few sparse decode steps that need only be finite (exactness is not expected there).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from .rewrite import ExportError
+
+LONGEST_PROMPT = 512  # the longer prompt passes the budget by 8 tokens, up to this length
+DECODE_STEPS = 8
+
+
+class SourceRunner:
+    """The source graph run one step at a time, its caches growing by concatenation (batch 1)."""
+
+    def __init__(self, path: pathlib.Path):
+        import onnx_ir as ir
+        import onnxruntime as ort
+
+        from .rewrite.layers import detect_kind, find_layers
+
+        graph = ir.load(path).graph
+        slots = find_layers(graph, detect_kind(graph))
+        self.presents = {slot.present_key.name: slot.past_key.name for slot in slots}
+        self.presents.update({slot.present_value.name: slot.past_value.name for slot in slots})
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.inputs = {i.name: i for i in self.session.get_inputs()}
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        known = {"input_ids", "attention_mask", "position_ids", *self.presents.values()}
+        unknown = sorted(set(self.inputs) - known)
+        if unknown:
+            raise ExportError(f"validation cannot feed the source graph's inputs {unknown}")
+        self.reset()
+
+    def reset(self) -> None:
+        self.length = 0
+        self.past = {}
+        for name in self.presents.values():
+            shape = self.inputs[name].shape
+            self.past[name] = np.zeros((1, shape[1], 0, shape[3]), _numpy_type(self.inputs[name].type))
+
+    def step(self, ids: np.ndarray) -> np.ndarray:
+        new = ids.shape[1]
+        feeds = {"input_ids": ids, "attention_mask": np.ones((1, self.length + new)),
+                 "position_ids": (self.length + np.arange(new))[None], **self.past}
+        feeds = {name: np.asarray(value, _numpy_type(self.inputs[name].type)) for name, value in feeds.items()
+                 if name in self.inputs}
+        values = dict(zip(self.outputs, self.session.run(None, feeds)))
+        for present, past in self.presents.items():
+            self.past[past] = values[present]
+        self.length += new
+        return values["logits"]
+
+
+def _numpy_type(onnx_type: str):
+    return {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
+            "tensor(float16)": np.float16, "tensor(bool)": np.bool_}[onnx_type]
+
+
+def plan(covered: int, capacity: int) -> list[tuple[int, int, bool]]:
+    """(prompt tokens, decode steps, exact prefill) of each run; `covered` is the budget in tokens."""
+    short = max(min(covered, 32, capacity), 1)
+    decode = min(DECODE_STEPS, short - 1)
+    longer = max(min(max(24, covered + DECODE_STEPS), LONGEST_PROMPT, capacity - 4), 1)
+    return [(short - decode, decode, True), (short - decode, 0, False), (longer, max(min(4, capacity - longer), 0), True)]
+
+
+def validate_export(source: pathlib.Path, staged: pathlib.Path) -> float:
+    """Max |logit difference| where the Quest graph must equal the source graph; raises ExportError
+    on a mismatch there, or on non-finite logits past the budget."""
+    from ..runtime.model import QuestModel
+
+    quest = QuestModel(staged, threads=1)
+    sidecar = quest.sidecar
+    sparse = sidecar.attention == "quest" and sidecar.sparse_layers
+    capacity = sidecar.capacity
+    covered = sidecar.top_k * sidecar.block_size if sparse else capacity
+    tolerance = 2e-2 if sidecar.kv_dtype == "float16" else 1e-3
+    source_runner = SourceRunner(source)
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for prompt, decode, exact in plan(covered, capacity):
+        source_runner.reset()
+        cache = quest.new_cache(1, capacity=prompt + decode)
+        steps = [rng.integers(0, sidecar.vocab_size, size=(1, prompt), dtype=np.int64)]
+        steps += [rng.integers(0, sidecar.vocab_size, size=(1, 1), dtype=np.int64) for _ in range(decode)]
+        for index, ids in enumerate(steps):
+            got = quest.step(cache, ids, exact=exact and index == 0)
+            expected = source_runner.step(ids)
+            where = (f"{'the exact' if exact else 'the sparse'} prefill of a {prompt}-token prompt" if index == 0
+                     else f"decode step {index} after a {prompt}-token prompt")
+            if (index == 0 and exact) or int(cache.lengths[0]) <= covered:
+                difference = float(np.abs(got - expected).max())
+                if not difference <= tolerance * max(float(np.abs(expected).max()), 1.0):
+                    raise ExportError(f"validation failed: the Quest graph's logits differ from the source graph's "
+                                      f"by {difference:.3g} at {where}, where the budget covers the context")
+                worst = max(worst, difference)
+            elif not np.isfinite(got).all():
+                raise ExportError(f"validation failed: the Quest graph's logits are not finite at {where}")
+    return worst
