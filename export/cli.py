@@ -113,6 +113,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     from .pipeline import export_sparse, rewrite_onnx
+    from .requirements import missing_message
+
+    if (missing := missing_message(args.family, args.model)) is not None:
+        print(f"export-sparse: error: {missing}", file=sys.stderr)
+        return 1
 
     settings = SparseSettings(
         top_k=args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,

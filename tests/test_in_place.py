@@ -108,3 +108,135 @@ def test_metadata_updates_in_place():
     assert native_copied_bytes() == copied_before
     np.testing.assert_array_equal(block_max, expected[0])
     np.testing.assert_array_equal(block_min, expected[1])
+
+
+
+# Outputs bound to memory that overlaps an input or another output (other than an output bound to
+# exactly its own input's buffer, in place) are refused before anything is written. Every buffer
+# is a view into one float32 arena, bound by pointer, so the overlaps are exact and the whole arena
+# can be checked afterwards. These run under `make test-sanitize` too: a partial overlap used to
+# reach memcpy (ASan: memcpy-param-overlap), a crosswise binding silently corrupted the caches.
+
+M = C // P
+CACHE, BOUNDS = (B, N, C, D), (B, N, M, D)
+CACHE_SIZE, BOUNDS_SIZE = int(np.prod(CACHE)), int(np.prod(BOUNDS))
+
+
+def _bound_run(session, inputs, outputs):
+    """Run with every input and the given outputs bound by pointer (other outputs: fresh memory)."""
+    binding = session.io_binding()
+    for name, array in inputs.items():
+        binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+    for output in session.get_outputs():
+        if output.name in outputs:
+            array = outputs[output.name]
+            binding.bind_output(output.name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+        else:
+            binding.bind_output(output.name, "cpu")
+    session.run_with_iobinding(binding)
+
+
+def _carve(arena, offset, shape):
+    """The float32 view of `arena` at element `offset` with `shape`."""
+    return arena[offset:offset + int(np.prod(shape))].reshape(shape)
+
+
+# Each op's float32 inputs at arena offsets with gaps between them, so that a case's outputs
+# overlap exactly the inputs it names; the arena's last part is memory no input uses.
+ATTENTION_LAYOUT = dict(key_cache=0, value_cache=2 * CACHE_SIZE, query=4 * CACHE_SIZE, key=5 * CACHE_SIZE,
+                        value=6 * CACHE_SIZE)
+METADATA_LAYOUT = dict(block_max=0, block_min=2 * BOUNDS_SIZE, key=4 * BOUNDS_SIZE)
+FREE_CACHE, FREE_BOUNDS = 6 * CACHE_SIZE + CACHE_SIZE // 2, 6 * BOUNDS_SIZE
+
+
+def _attention_case(bound, layout=ATTENTION_LAYOUT):
+    """A SparseBlockAttention decode step: the session, its inputs, the outputs `bound` (name ->
+    (offset, shape)) and the arena that holds them all."""
+    arena = np.random.default_rng(6).standard_normal(8 * CACHE_SIZE).astype(np.float32)
+    shapes = dict(query=(B, H, 1, D), key=(B, N, 1, D), value=(B, N, 1, D), key_cache=CACHE, value_cache=CACHE)
+    inputs = {name: _carve(arena, layout[name], shape) for name, shape in shapes.items()}
+    inputs["past_lens"] = np.array([3, 4], np.int32)
+    outputs = {name: _carve(arena, offset, shape) for name, (offset, shape) in bound.items()}
+    return _attention_session().session, inputs, outputs, arena
+
+
+def _metadata_case(bound):
+    """A QuestMetadata step, as _attention_case."""
+    arena = np.random.default_rng(7).standard_normal(8 * BOUNDS_SIZE).astype(np.float32)
+    shapes = dict(key=(B, N, 1, D), block_max=BOUNDS, block_min=BOUNDS)
+    inputs = {name: _carve(arena, METADATA_LAYOUT[name], shape) for name, shape in shapes.items()}
+    inputs["past_lens"] = np.array([33, 64], np.int32)
+    session = make_session(op_model("QuestMetadata", inputs, dict(block_size=P)))
+    outputs = {name: _carve(arena, offset, shape) for name, (offset, shape) in bound.items()}
+    return session, inputs, outputs, arena
+
+
+OVERLAPS = {
+    # (a) an output partly over its own input: the in-place copy would overlap itself.
+    "attention: key_cache_out half over key_cache": (
+        _attention_case, dict(key_cache_out=(CACHE_SIZE // 2, CACHE)),
+        r"SparseBlockAttention: output 'key_cache_out' partly overlaps its input 'key_cache'"),
+    "metadata: block_min_out one element past block_min": (
+        _metadata_case, dict(block_min_out=(2 * BOUNDS_SIZE + 1, BOUNDS)),
+        r"QuestMetadata: output 'block_min_out' partly overlaps its input 'block_min'"),
+    # (b) an output over another input: caches bound crosswise, the attention output over the query.
+    "attention: caches crosswise": (
+        _attention_case, dict(key_cache_out=(2 * CACHE_SIZE, CACHE), value_cache_out=(0, CACHE)),
+        r"SparseBlockAttention: output 'key_cache_out' overlaps input 'value_cache'"),
+    "attention: value_cache_out on key_cache": (
+        _attention_case, dict(value_cache_out=(0, CACHE)),
+        r"SparseBlockAttention: output 'value_cache_out' overlaps input 'key_cache'"),
+    "attention: output on query": (
+        _attention_case, dict(output=(4 * CACHE_SIZE, (B, 1, H * D))),
+        r"SparseBlockAttention: output 'output' overlaps input 'query'"),
+    "metadata: bounds crosswise": (
+        _metadata_case, dict(block_max_out=(2 * BOUNDS_SIZE, BOUNDS), block_min_out=(0, BOUNDS)),
+        r"QuestMetadata: output 'block_max_out' overlaps input 'block_min'"),
+    "metadata: block_max_out over the key's start": (
+        _metadata_case, dict(block_max_out=(4 * BOUNDS_SIZE - 10, BOUNDS)),
+        r"QuestMetadata: output 'block_max_out' overlaps input 'key'"),
+    # (c) two outputs over each other (neither over an input).
+    "attention: both caches on one buffer": (
+        _attention_case, dict(key_cache_out=(FREE_CACHE, CACHE), value_cache_out=(FREE_CACHE, CACHE)),
+        r"SparseBlockAttention: outputs 'key_cache_out' and 'value_cache_out' overlap"),
+    "metadata: bounds 7 elements apart": (
+        _metadata_case, dict(block_max_out=(FREE_BOUNDS, BOUNDS), block_min_out=(FREE_BOUNDS - 7, BOUNDS)),
+        r"QuestMetadata: outputs 'block_max_out' and 'block_min_out' overlap"),
+}
+
+
+@pytest.mark.parametrize("case", list(OVERLAPS))
+def test_overlapping_bindings_are_refused_before_anything_is_written(case):
+    build, bound, message = OVERLAPS[case]
+    session, inputs, outputs, arena = build(bound)
+    before = arena.copy()
+    with pytest.raises(Exception, match=message):
+        _bound_run(session, inputs, outputs)
+    np.testing.assert_array_equal(arena, before)  # inputs and bound outputs: not a byte written
+
+
+def test_select_output_over_an_input_is_refused():
+    arena = np.random.default_rng(8).standard_normal(4 * BOUNDS_SIZE).astype(np.float32)
+    x = dict(query=_carve(arena, 3 * BOUNDS_SIZE, (B, H, 1, D)), block_max=_carve(arena, 0, BOUNDS),
+             block_min=_carve(arena, BOUNDS_SIZE, BOUNDS), past_lens=np.array([33, 64], np.int32))
+    session = make_session(op_model("SparseBlockSelect", x, dict(num_heads=H, kv_num_heads=N, block_size=P, top_k=4)))
+    indices = arena[3 * BOUNDS_SIZE + 5:].view(np.int32)[:B * N * 4].reshape(B, N, 1, 4)
+    before = arena.copy()
+    with pytest.raises(Exception, match=r"SparseBlockSelect: output 'block_indices' overlaps input 'query'"):
+        _bound_run(session, x, {"block_indices": indices})
+    np.testing.assert_array_equal(arena, before)
+
+
+def test_adjacent_and_in_place_bindings_still_run():
+    """Outputs that end exactly where an input starts, and a cache bound in place, run: the check
+    is on byte ranges, not on nearness."""
+    layout = dict(ATTENTION_LAYOUT, key_cache=CACHE_SIZE)
+    session, inputs, outputs, _ = _attention_case(
+        dict(key_cache_out=(0, CACHE), value_cache_out=(2 * CACHE_SIZE, CACHE),
+             output=(4 * CACHE_SIZE - B * H * D, (B, 1, H * D))), layout)
+    expected = sparse_block_attention(inputs["query"], inputs["key"], inputs["value"], inputs["key_cache"].copy(),
+                                      inputs["value_cache"].copy(), inputs["past_lens"], **ATTENTION)
+    _bound_run(session, inputs, outputs)
+    np.testing.assert_array_equal(outputs["key_cache_out"], expected[1])
+    np.testing.assert_array_equal(outputs["value_cache_out"], expected[2])
+    assert_close(outputs["output"], expected[0], np.float32, "output")

@@ -280,6 +280,54 @@ void* allocate_output(OrtKernelContext* context, const BoundInputs& in, int inde
   return ctx.GetOutput(index, shape.data(), shape.size()).GetTensorMutableRawData();
 }
 
+size_t BoundInputs::byte_size(const schema::TensorSpec& spec, const std::vector<int64_t>& shape) const {
+  size_t bytes = spec.elem == schema::Elem::T    ? element_size(activation_type())
+                 : spec.elem == schema::Elem::TC ? element_size(cache_type())
+                                                 : 4;  // int32, float32
+  // Zero first: the other dims of an empty tensor may multiply past size_t (2^31 - 1 heads at S = 0).
+  for (int64_t extent : shape)
+    if (extent == 0) return 0;
+  for (int64_t extent : shape) bytes *= static_cast<size_t>(extent);
+  return bytes;
+}
+
+namespace {
+bool overlap(uintptr_t begin_a, uintptr_t end_a, uintptr_t begin_b, uintptr_t end_b) {
+  return begin_a < end_b && begin_b < end_a;
+}
+}  // namespace
+
+void* BoundOutputs::allocate(int index, int alias) {
+  void* data = allocate_output(context_, in_, index);
+  const schema::OpSchema& op = in_.op();
+  const char* name = op.outputs[index].name;
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t end = begin + in_.byte_size(op.outputs[index], in_.output_shape(index));
+  for (int i = 0; i < op.num_inputs; ++i) {
+    const TensorArg& input = in_[i];
+    if (!input.present()) continue;
+    const auto input_begin = reinterpret_cast<uintptr_t>(input.data);
+    const uintptr_t input_end = input_begin + in_.byte_size(op.inputs[i], input.shape);
+    if (!overlap(begin, end, input_begin, input_end)) continue;
+    if (i == alias && begin == input_begin && end == input_end) continue;  // in place
+    const std::string output = std::string("output '") + name + "'";
+    const std::string input_name = std::string("input '") + op.inputs[i].name + "'";
+    if (i == alias)
+      in_.fail(output + " partly overlaps its " + input_name + ": bind it to exactly that buffer (in place) or to " +
+               "memory of its own");
+    in_.fail(output + " overlaps " + input_name + ": bind it to memory of its own" +
+             (alias == kNoAlias ? std::string()
+                                : std::string(", or in place to exactly the buffer of input '") + op.inputs[alias].name +
+                                      "'"));
+  }
+  for (const Bytes& other : allocated_)
+    if (overlap(begin, end, other.begin, other.end))
+      in_.fail(std::string("outputs '") + op.outputs[other.index].name + "' and '" + name +
+               "' overlap: bind them to separate memory");
+  allocated_.push_back({index, begin, end});
+  return data;
+}
+
 std::atomic<uint64_t>& copied_bytes() {
   static std::atomic<uint64_t> counter{0};
   return counter;

@@ -60,6 +60,9 @@ class BoundInputs {
   int64_t dim(const char* symbol) const { return dims_.at(symbol); }
   DType activation_type() const { return type_vars_.at("T"); }
   DType cache_type() const { return type_vars_.at("TC"); }
+  // Bytes of a tensor of `spec`'s element type (T and TC as bound by the inputs) and `shape`.
+  size_t byte_size(const schema::TensorSpec& spec, const std::vector<int64_t>& shape) const;
+  const schema::OpSchema& op() const { return op_; }
   // The shape of output `index` from its dim symbols.
   std::vector<int64_t> output_shape(int index) const;
   [[noreturn]] void fail(const std::string& message) const { throw OpError(op_, message); }
@@ -85,8 +88,33 @@ const int32_t* check_exact_lens(const BoundInputs& in, int exact_index, const st
 
 // Allocates output `index` with its schema shape; returns its data pointer.
 void* allocate_output(OrtKernelContext* context, const BoundInputs& in, int index);
+
+// The outputs of one call, allocated with their schema shapes. With IOBinding an output may be
+// memory the caller chose, and the kernels read their inputs while they write their outputs: so
+// an output that shares a byte with any input, or with another output, is refused (OpError naming
+// the op and both tensors), except an output bound to exactly its in-place input's buffer (same
+// start, same size), which the kernels update in place. Allocate every output before writing any:
+// a refused binding then leaves every buffer as it was.
+class BoundOutputs {
+ public:
+  static constexpr int kNoAlias = -1;
+  BoundOutputs(OrtKernelContext* context, const BoundInputs& in) : context_(context), in_(in) {}
+  // Allocates output `index`; `alias` is the input it may share exactly (in place), or kNoAlias.
+  void* allocate(int index, int alias = kNoAlias);
+
+ private:
+  struct Bytes {
+    int index;
+    uintptr_t begin, end;  // [begin, end); empty tensors overlap nothing
+  };
+  OrtKernelContext* context_;
+  const BoundInputs& in_;
+  std::vector<Bytes> allocated_;
+};
+
 // True when the output buffer is bound to the same memory as the input (IOBinding in place).
-// Otherwise copies the input into the output first, so the kernels always update in place.
+// Otherwise copies the input into the output first, so the kernels always update in place (the
+// two never overlap: BoundOutputs refused that).
 bool prepare_in_place(const TensorArg& input, void* output, const BoundInputs& in);
 // Bytes copied by prepare_in_place since the library loaded (tests prove in-place steps copy 0).
 std::atomic<uint64_t>& copied_bytes();

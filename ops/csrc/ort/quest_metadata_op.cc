@@ -16,8 +16,9 @@ void QuestMetadataKernel::Compute(OrtKernelContext* context) {
   const int64_t B = in.dim("B"), N = in.dim("N"), S = in.dim("S"), M = in.dim("M"), P = in.dim("P");
   const std::vector<int32_t> total =
       resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
-  void* block_max = allocate_output(context, in, io::out::block_max_out);
-  void* block_min = allocate_output(context, in, io::out::block_min_out);
+  BoundOutputs outputs(context, in);
+  void* block_max = outputs.allocate(io::out::block_max_out, io::in::block_max);
+  void* block_min = outputs.allocate(io::out::block_min_out, io::in::block_min);
   prepare_in_place(in[io::in::block_max], block_max, in);
   prepare_in_place(in[io::in::block_min], block_min, in);
   // No new token: the metadata stands as it is. (Past this, the B * N work items are bounded by

@@ -61,12 +61,13 @@ void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
   check_block_indices(in, num_blocks);
   const int32_t* exact_lens = check_exact_lens(in, io::in::exact_lens, total);
 
-  void* output = allocate_output(context, in, io::out::output);
-  void* key_cache = allocate_output(context, in, io::out::key_cache_out);
-  void* value_cache = allocate_output(context, in, io::out::value_cache_out);
+  BoundOutputs outputs(context, in);
+  void* output = outputs.allocate(io::out::output);
+  void* key_cache = outputs.allocate(io::out::key_cache_out, io::in::key_cache);
+  void* value_cache = outputs.allocate(io::out::value_cache_out, io::in::value_cache);
   Ort::KernelContext ctx(context);
   float* importance = ctx.GetOutputCount() > static_cast<size_t>(io::out::block_importance)
-                          ? static_cast<float*>(allocate_output(context, in, io::out::block_importance))
+                          ? static_cast<float*>(outputs.allocate(io::out::block_importance))
                           : nullptr;
   prepare_in_place(in[io::in::key_cache], key_cache, in);
   prepare_in_place(in[io::in::value_cache], value_cache, in);

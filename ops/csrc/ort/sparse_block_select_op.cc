@@ -25,7 +25,7 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
     resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, in.dim("C"), "the cache capacity C (key_cache dim 2)");
   }
   const int32_t* exact_lens = check_exact_lens(in, io::in::exact_lens, total);
-  auto* indices = static_cast<int32_t*>(allocate_output(context, in, io::out::block_indices));
+  auto* indices = static_cast<int32_t*>(BoundOutputs(context, in).allocate(io::out::block_indices));
   if (S == 0) return;  // no query, no selection (and no loop over B * N empty work items)
 
   SparseBlockSelectParams params;
