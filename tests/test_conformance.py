@@ -56,13 +56,7 @@ def test_sparse_block_select(case, native):
 @pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
 def test_sparse_block_attention(case, native, sparse):
     inputs, attributes = attention_args(_data(case), sparse)
-    output, key_cache, value_cache, importance = _expected_attention(case, sparse)
-    names = ("output", "key_cache_out", "value_cache_out", "block_importance")
-    got = run_op("SparseBlockAttention", inputs, attributes, outputs=names, native=native)
-    assert_close(got["output"], output, np.dtype(case.dtypes[0]), "output", axes="(b, s) x H*D")
-    assert_equal(got["key_cache_out"], key_cache, "key_cache_out", axes="(b, n, t) x D")
-    assert_equal(got["value_cache_out"], value_cache, "value_cache_out", axes="(b, n, t) x D")
-    assert_close(got["block_importance"], importance, np.float32, "block_importance", axes="(b, n) x M")
+    _check_attention(case, inputs, attributes, _expected_attention(case, sparse), native)
 
 
 # The function bodies materialise [B, N, G, S, C]: the cheapest cases.
@@ -77,7 +71,12 @@ def test_attention_on_non_finite_numbers(case, native, sparse):
     exactly where the contract says (docs/ops.md), finite values within tolerance elsewhere."""
     inputs, attributes = attention_args(_data(case), sparse)
     inputs = with_specials(inputs)
-    output, key_cache, value_cache, importance = sparse_block_attention(**inputs, **attributes)
+    _check_attention(case, inputs, attributes, sparse_block_attention(**inputs, **attributes), native)
+
+
+def _check_attention(case, inputs, attributes, expected, native):
+    """The op's four outputs against the reference's: caches bit for bit, the rest within tolerance."""
+    output, key_cache, value_cache, importance = expected
     names = ("output", "key_cache_out", "value_cache_out", "block_importance")
     got = run_op("SparseBlockAttention", inputs, attributes, outputs=names, native=native)
     assert_close(got["output"], output, np.dtype(case.dtypes[0]), "output", axes="(b, s) x H*D")
