@@ -106,7 +106,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=pathlib.Path, default=None,
                    help="output folder (default: <family>-quest-k<K>)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
-    p.add_argument("--no-validate", action="store_true", help="skip the comparison with the optimum graph")
+    p.add_argument("--no-validate", action="store_true", help="skip the numeric comparison with the source graph (optimum's, or the input .onnx)")
     return p
 
 
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
             if not args.model:
                 parser().error("family onnx needs --model path/to/model.onnx")
             report = rewrite_onnx(pathlib.Path(args.model), output=output, settings=settings,
-                                  capacity=args.capacity or 8192, overwrite=args.overwrite)
+                                  capacity=args.capacity or 8192, overwrite=args.overwrite, validate=not args.no_validate)
         else:
             report = export_sparse(args.family, output=output, settings=settings, model=args.model,
                                    capacity=args.capacity, overwrite=args.overwrite, validate=not args.no_validate)
