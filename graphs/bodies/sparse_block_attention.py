@@ -91,10 +91,12 @@ def sparse_block_attention_body(
     # Non-finite numbers (docs/ops.md): a row with an attended NaN or +inf logit, or only -inf ones,
     # is NaN, its weights too (so its blocks' importance); an attended non-finite value makes its
     # output dimension NaN. Unattended positions (masked) never reach the output.
-    nan_rows = op.Or(_any_attended(op, mask, op.Or(op.IsNaN(logits), op.IsInf(logits, detect_negative=0))),
+    # (NaN as x != x, infinities by Equal: IsNaN and IsInf are not on CANN's graph-mode list.)
+    inf = const(op, np.inf, np.float32)
+    nan_rows = op.Or(_any_attended(op, mask, op.Or(op.Not(op.Equal(logits, logits)), op.Equal(logits, inf))),
                      op.And(_any_attended(op, mask, None), op.Equal(raw_max, neg_inf)))  # [B, N, G, S, 1]
     probabilities = op.Where(op.And(nan_rows, mask), nan, probabilities)
-    bad_values = op.Or(op.IsNaN(v), op.IsInf(v))  # [B, N, 1, C, D]
+    bad_values = op.Or(op.Not(op.Equal(v, v)), op.Equal(op.Abs(v), inf))  # [B, N, 1, C, D]
     attended = op.MatMul(probabilities, op.Where(bad_values, zero, v))  # [B, N, G, S, D]
     bad_outputs = op.Greater(op.MatMul(op.Cast(mask, to=F32), op.Cast(bad_values, to=F32)), zero)
     attended = op.Where(op.Or(nan_rows, bad_outputs), nan, attended)
