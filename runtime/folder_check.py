@@ -27,13 +27,25 @@ from ..ops.schemas import DOMAIN, OPS_BY_NAME
 _GQA = ("com.microsoft", "GroupQueryAttention")
 # Per input role: the element type and rank the runtime feeds it with.
 _ROLES = {"input_ids": ("int64", 2), "past_lens": ("int32", 1), "total_lens": ("int32", 1), "exact_lens": ("int32", 1)}
-# The graph's description of a layer's caches, by slot: (LayerIO field, node input or output index).
-_ATTENTION_SLOTS = {"past_key": ("input", 3), "past_value": ("input", 4), "present_key": ("output", 1),
-                    "present_value": ("output", 2)}  # SparseBlockAttention and GroupQueryAttention alike
-_METADATA_SLOTS = {"past_block_max": ("input", 1), "past_block_min": ("input", 2), "present_block_max": ("output", 0),
-                   "present_block_min": ("output", 1)}
-_IMPORTANCE_INPUT = 5  # SparseBlockSelect's block_importance
-_ATTENTION_MASS_OUTPUT = 3  # SparseBlockAttention's block_importance: the present is past + this
+
+
+def _slot(op_name: str, kind: str, name: str) -> int:
+    """The index of the schema's input or output `name` of `op_name` (ops/schemas.py)."""
+    op = OPS_BY_NAME[op_name]
+    return [t.name for t in (op.inputs if kind == "input" else op.outputs)].index(name)
+
+
+# The graph's description of a layer's caches, by slot: (LayerIO field, node input or output index),
+# from the op schemas. GroupQueryAttention keeps its past and present caches at the same indices.
+_ATTENTION_SLOTS = {field: (kind, _slot("SparseBlockAttention", kind, name)) for field, kind, name in (
+    ("past_key", "input", "key_cache"), ("past_value", "input", "value_cache"),
+    ("present_key", "output", "key_cache_out"), ("present_value", "output", "value_cache_out"))}
+_METADATA_SLOTS = {field: (kind, _slot("QuestMetadata", kind, name)) for field, kind, name in (
+    ("past_block_max", "input", "block_max"), ("past_block_min", "input", "block_min"),
+    ("present_block_max", "output", "block_max_out"), ("present_block_min", "output", "block_min_out"))}
+_IMPORTANCE_INPUT = _slot("SparseBlockSelect", "input", "block_importance")
+# SparseBlockAttention's block_importance output: the present importance is past + this.
+_ATTENTION_MASS_OUTPUT = _slot("SparseBlockAttention", "output", "block_importance")
 # Variants of an export (QuestModel(model_file=...)) may select differently; these stay the sidecar's
 # because the runtime builds the caches from them.
 _CACHE_SHAPING = ("num_heads", "kv_num_heads", "block_size")

@@ -184,3 +184,20 @@ def run_original(model: onnx.ModelProto, prompt: list[int], forced: list[int]) -
                 past[f"past_key_values.{l}.{k}"] = values[f"present.{l}.{k}"]
         position += len(chunk)
     return results
+
+
+def greedy_against_original(folder, model: onnx.ModelProto, steps: int, label: str, seed: int) -> list[int]:
+    """Greedy decoding of the exported folder from a random 29-token prompt, each step's logits
+    against the original graph's on the same tokens; returns the generated tokens."""
+    from quest_ort.runtime.generate import greedy
+    from quest_ort.runtime.model import QuestModel
+    from tolerances import assert_close
+
+    quest = QuestModel(folder, threads=1)
+    prompt = np.random.default_rng(seed).integers(0, VOCAB, 29).tolist()
+    tokens, logits = greedy(quest, [prompt], steps, return_logits=True)
+    expected = run_original(model, prompt, tokens[0][:-1])
+    for step, (got, want) in enumerate(zip(logits, expected)):
+        assert_close(got[0], want, np.float32, f"{label} step {step}")
+    assert tokens[0] == [int(np.argmax(x)) for x in expected]
+    return tokens[0]

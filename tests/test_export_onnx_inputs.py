@@ -7,12 +7,11 @@ import numpy as np
 import onnx
 import pytest
 
-from attention_graphs import VOCAB, attention23_model, genai_gqa_model, run_original, weights
+from attention_graphs import VOCAB, attention23_model, genai_gqa_model, greedy_against_original, weights
 from quest_ort.export.pipeline import rewrite_onnx
 from quest_ort.export.rewrite import ExportError, SparseSettings
 from quest_ort.runtime.generate import greedy
 from quest_ort.runtime.model import QuestModel
-from tolerances import assert_close
 
 GRAPHS = {
     "gqa-separate": lambda w: genai_gqa_model(False, w),
@@ -39,13 +38,7 @@ def _export(kind, tmp_path, top_k, dense_layers=(0,)):
 def test_rewritten_graph_matches_the_original(kind, tmp_path):
     model, report = _export(kind, tmp_path, top_k=64)  # 64 blocks of 8 cover the context: dense
     assert report.counts["kind"] == ("genai" if kind.startswith("gqa") else "attention23")
-    quest = QuestModel(report.output, threads=1)
-    prompt = np.random.default_rng(7).integers(0, VOCAB, 29).tolist()
-    tokens, logits = greedy(quest, [prompt], 9, return_logits=True)
-    expected = run_original(model, prompt, tokens[0][:-1])
-    for step, (got, want) in enumerate(zip(logits, expected)):
-        assert_close(got[0], want, np.float32, f"{kind} step {step}")
-    assert tokens[0] == [int(np.argmax(x)) for x in expected]
+    greedy_against_original(report.output, model, 9, kind, seed=7)
 
 
 @pytest.mark.parametrize("kind", list(GRAPHS))

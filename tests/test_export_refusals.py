@@ -12,12 +12,10 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from attention_graphs import HEADS, HEAD_DIM, KV_HEADS, VOCAB, attention23_model, genai_gqa_model, run_original, weights
+from attention_graphs import (HEADS, HEAD_DIM, KV_HEADS, attention23_model, genai_gqa_model, greedy_against_original,
+                              weights)
 from quest_ort.export.pipeline import rewrite_onnx
 from quest_ort.export.rewrite import ExportError, SparseSettings
-from quest_ort.runtime.generate import greedy
-from quest_ort.runtime.model import QuestModel
-from tolerances import assert_close
 
 CAPACITY = 256
 
@@ -218,12 +216,7 @@ def test_what_a_rule_models_is_carried_over_exactly(case, tmp_path):
     model = CARRIED[case]()
     report = _rewrite(model, tmp_path)
     assert report.validation_max_abs_diff is not None
-    quest = QuestModel(report.output, threads=1)
-    prompt = np.random.default_rng(3).integers(0, VOCAB, 29).tolist()
-    tokens, logits = greedy(quest, [prompt], 6, return_logits=True)
-    expected = run_original(model, prompt, tokens[0][:-1])
-    for step, (got, want) in enumerate(zip(logits, expected)):
-        assert_close(got[0], want, np.float32, f"{case} step {step}")
+    greedy_against_original(report.output, model, 6, case, seed=3)
 
 
 def test_the_softcap_and_scale_are_the_ops_attributes(tmp_path):
