@@ -18,6 +18,7 @@ HEAD_LAYOUTS = ((4, 4), (8, 2), (14, 2), (32, 8))
 HEAD_DIMS = (64, 80, 128)
 BLOCK_SIZES = (16, 32, 128)
 CACHED = ("0", "1", "P-1", "P", "P+1", "2P-1", "~1000")
+LONG_CACHED = "~4000"  # LONG_CASES only
 NEW_TOKENS = (1, 7, 64)
 TOP_K = ("1", "2", "8", "32", "more than eligible")
 FORCED = (0, 1, 2)
@@ -85,6 +86,8 @@ class Case:
         """Row 0 holds the case's cached length; other rows hold other listed lengths."""
         P = self.block_size
         lengths = {"0": 0, "1": 1, "P-1": P - 1, "P": P, "P+1": P + 1, "2P-1": 2 * P - 1, "~1000": 1000 + 7}
+        if self.cached == LONG_CACHED:  # LONG_CASES: every row long, each a block and a bit shorter
+            return np.array([4000 + 5 - b * (P + 3) for b in range(self.batch)], dtype=np.int32)
         first = CACHED.index(self.cached)
         rows = [lengths[CACHED[(first + 3 * b) % len(CACHED)]] for b in range(self.batch)]
         return np.array(rows, dtype=np.int32)
@@ -166,6 +169,28 @@ def _covering_cases(seed: int = 7) -> list[Case]:
 
 
 CASES = _covering_cases()
+
+# Rows of about 4000 tokens, for the selection paths no short case reaches: SIMD select scores four
+# blocks at a time, and with every score known it skips the blocks below a floor
+# (select_order.h collect_above_floor) once a row holds 8 x (K + forced blocks) eligible blocks.
+# Geometries of the models (32/8, SmolLM2's 9/3, Qwen2.5's 14/2), P = 8 as the default export,
+# and the options that change the procedure: importance, forced blocks, ties, several queries.
+_LONG = dict(batch=1, cached=LONG_CACHED, new_tokens=1, block_size=8, sink=1, recent=1, reduce="none",
+             importance=False, equal_scores=False, score="bound", num_probes=8, exact="none")
+LONG_CASES = [
+    Case(**{**_LONG, "heads": (32, 8), "head_dim": 128, "top_k": "32", "dtypes": ("float32", "float16")}),
+    Case(**{**_LONG, "heads": (9, 3), "head_dim": 64, "top_k": "32", "dtypes": ("float32", "float32")}),
+    Case(**{**_LONG, "heads": (14, 2), "head_dim": 64, "top_k": "8", "sink": 0, "recent": 2, "new_tokens": 7,
+            "dtypes": ("float16", "float16")}),
+    Case(**{**_LONG, "heads": (14, 2), "head_dim": 80, "top_k": "32", "importance": True,
+            "dtypes": ("float32", "float16")}),
+    Case(**{**_LONG, "batch": 3, "heads": (8, 2), "head_dim": 80, "block_size": 16, "top_k": "8", "sink": 2,
+            "recent": 0, "reduce": "mean", "importance": True, "dtypes": ("float32", "float32")}),
+    Case(**{**_LONG, "heads": (4, 4), "head_dim": 128, "top_k": "16", "reduce": "max", "equal_scores": True,
+            "dtypes": ("float32", "float16")}),
+    Case(**{**_LONG, "batch": 3, "heads": (32, 8), "head_dim": 128, "top_k": "32", "new_tokens": 3,
+            "dtypes": ("float16", "float16")}),
+]
 
 
 def _normal(rng, shape, dtype):

@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from cases import CALLS, CASES, with_specials
+from cases import CALLS, CASES, LONG_CASES, with_specials
 from driver_cases import OUTPUTS, read_output, total_lens, write_case
 from driver_cases import expected as reference_outputs
 from tolerances import assert_close, assert_equal, assert_used_blocks_equal
@@ -123,8 +123,9 @@ def test_bounds_round_outward_alike_on_every_variant(machine, tmp_path):
 def _bounds_no_keys_give(inputs, seed=5):
     """Bounds as any caller may pass them: in half the blocks, each lane's max and min drawn apart
     (so max < min in about half of those lanes); one lane in ten blocks a NaN, an infinity or a
-    signed zero; query lanes of +0 and -0. The SIMD scores take a faster path where every lane of a
-    chunk has max >= min; these chunks take both paths, next to each other."""
+    signed zero; query lanes of +0 and -0, and infinite ones against zero bounds. The SIMD scores take a faster
+    path where every lane of a chunk has max >= min and the query no infinity; these take both
+    paths, next to each other."""
     rng = np.random.default_rng(seed)
     block_max, block_min = inputs["block_max"].copy(), inputs["block_min"].copy()
     shape = block_max.shape  # [B, N, M, D]
@@ -140,6 +141,14 @@ def _bounds_no_keys_give(inputs, seed=5):
     query = inputs["query"].copy()
     query[rng.random(query.shape) < 0.05] = 0.0
     query[rng.random(query.shape) < 0.05] = -0.0
+    # Lane 0: infinite in a fifth of the query rows, against bounds (0, -1) and (1, 0) in some blocks,
+    # where q * (q > 0 ? max : min) and max(q * max, q * min) differ (NaN against -inf or inf).
+    infinite = rng.random(query.shape[:3]) < 0.2
+    query[..., 0][infinite] = rng.choice([np.inf, -np.inf], infinite.sum())
+    zero_max = rng.random(shape[:3]) < 0.3
+    zero_min = ~zero_max & (rng.random(shape[:3]) < 0.3)
+    block_max[..., 0][zero_max], block_min[..., 0][zero_max] = 0, -1
+    block_max[..., 0][zero_min], block_min[..., 0][zero_min] = 1, 0
     return dict(inputs, block_max=block_max, block_min=block_min, query=query)
 
 
@@ -164,3 +173,17 @@ def test_variants_alike_on_non_finite_numbers(case, call, machine, tmp_path):
     NaN payloads and signs included, and the scalar kernel meets the reference's NaNs."""
     inputs, attributes, expected = reference_outputs(call, case, with_specials)
     _check_variants(machine, CALLS[call][0], case, inputs, attributes, expected, tmp_path)
+
+
+LONG_BOUNDS = {"as built": None, "no keys give": _bounds_no_keys_give, "non-finite": with_specials}
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+@pytest.mark.parametrize("bounds", list(LONG_BOUNDS))
+@pytest.mark.parametrize("case", LONG_CASES, ids=lambda case: case.id)
+def test_select_on_long_rows(case, bounds, machine, tmp_path):
+    """Rows of thousands of blocks take the paths short ones do not (tiles of four blocks, the
+    floor that skips low scores): every variant equals the scalar kernel and the reference, on
+    the metadata as QuestMetadata builds it and on bounds and numbers at the contract's edges."""
+    inputs, attributes, expected = reference_outputs("SparseBlockSelect", case, LONG_BOUNDS[bounds])
+    _check_variants(machine, "SparseBlockSelect", case, inputs, attributes, expected, tmp_path)

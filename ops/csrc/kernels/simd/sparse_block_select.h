@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "../select_order.h"
@@ -17,11 +18,13 @@ const T* group_query_row(const SparseBlockSelectParams& prm, int64_t b, int64_t 
   return static_cast<const T*>(prm.query) + ((b * prm.num_heads + n * G + g) * S + i) * D;
 }
 
-// The G query rows of (b, n, i), zero-padded, into rows [G][Dp].
+// The G query rows of (b, n, i), zero-padded, into rows [G][Dp]; with `heads` above G, rows of
+// zeros after them (scored like the others and ignored: whole tiles of four rows).
 template <typename T>
-void load_group_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t i, std::vector<float>& rows) {
+void load_group_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t i, std::vector<float>& rows,
+                     int64_t heads = 0) {
   const int64_t G = prm.num_heads / prm.kv_heads, D = prm.head_dim, Dp = padded(D);
-  rows.resize(G * Dp);
+  rows.assign(std::max(G, heads) * Dp, 0.0f);
   for (int64_t g = 0; g < G; ++g) load_padded(group_query_row<T>(prm, b, n, g, i), D, rows.data() + g * Dp);
 }
 
@@ -48,24 +51,28 @@ int64_t load_query_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n
 }
 
 // Query rows [heads][Dp] with, per lane, the mask of q > 0 (Lanes::positive_mask), made once per
-// query for every block it scores.
+// query for every block it scores, and whether the rows hold no infinity (see ordered_term).
 struct BoundRows {
   const float* rows;
   const float* positive;
   int64_t heads, Dp;
+  bool no_infinity;
 };
 
 inline BoundRows bound_rows(const float* rows, int64_t heads, int64_t Dp, std::vector<float>& positive) {
   positive.resize(heads * Dp);
   for (int64_t j = 0; j < heads * Dp; j += kChunk) Lanes::positive_mask(Lanes::load(rows + j)).store(positive.data() + j);
-  return {rows, positive.data(), heads, Dp};
+  const bool no_infinity = std::none_of(rows, rows + heads * Dp, [](float q) { return std::isinf(q); });
+  return {rows, positive.data(), heads, Dp, no_infinity};
 }
 
 // The canonical bound term max(q * hi, q * lo) (`a > b ? a : b`) of a chunk whose lanes all hold
-// hi >= lo: there it is q * (q > 0 ? hi : lo), value for value (monotone rounding; a NaN q, or
-// q = 0 against an infinite bound, gives what the max gives), so one select and one multiply
-// replace two multiplies and a max. Only zero signs may differ (+0 for -0), and a lane summed from
-// +0 cannot tell them apart. Real bounds always take this path; others take the general one.
+// hi >= lo, for a query with no infinite lane: there it is q * (q > 0 ? hi : lo), value for value
+// (monotone rounding; a NaN q, or q = 0 against an infinite bound, gives what the max gives), so
+// one select and one multiply replace two multiplies and a max. Only zero signs may differ (+0 for
+// -0), and a lane summed from +0 cannot tell them apart. An infinite q breaks it (q = +inf,
+// hi = 0 > lo: NaN here, -inf from the max), so such queries take the general form throughout.
+// Real bounds and queries always take this path.
 QUEST_INLINE Lanes ordered_term(Lanes q, Lanes positive, Lanes hi, Lanes lo) { return q * Lanes::select_bits(positive, hi, lo); }
 QUEST_INLINE Lanes general_term(Lanes q, Lanes hi, Lanes lo) { return Lanes::max_select(q * hi, q * lo); }
 
@@ -77,7 +84,7 @@ QUEST_INLINE void bounds4(const BoundRows& r, int64_t g, const TC* hi, const TC*
   const float *p0 = r.positive + g * r.Dp, *p1 = p0 + r.Dp, *p2 = p1 + r.Dp, *p3 = p2 + r.Dp;
   Lanes a0 = Lanes::zero(), a1 = a0, a2 = a0, a3 = a0;
   const auto chunk = [&](int64_t d, Lanes h, Lanes l) {
-    if (Lanes::all_at_least(h, l)) {
+    if (r.no_infinity && Lanes::all_at_least(h, l)) {
       a0 = a0 + ordered_term(Lanes::load(q0 + d), Lanes::load(p0 + d), h, l);
       a1 = a1 + ordered_term(Lanes::load(q1 + d), Lanes::load(p1 + d), h, l);
       a2 = a2 + ordered_term(Lanes::load(q2 + d), Lanes::load(p2 + d), h, l);
@@ -95,13 +102,46 @@ QUEST_INLINE void bounds4(const BoundRows& r, int64_t g, const TC* hi, const TC*
   Lanes::fold4(a0, a1, a2, a3, out);  // the four canonical folds, shuffled into shared registers
 }
 
+// Bounds of four query rows (from row g) against four consecutive blocks (rows of D values from
+// hi and lo): the sixteen sums bounds4 makes, each in the same canonical order, to
+// out[row * stride + block]. Each chunk of the query rows is loaded once for the four blocks, and
+// one 4 x 4 fold (fold16) replaces four fold4s: per block this leaves the scoring arithmetic and
+// little else. For ISAs with fold16 (Lanes::kFold16).
+template <typename TC>
+QUEST_INLINE void bounds4x4(const BoundRows& r, int64_t g, const TC* hi, const TC* lo, int64_t D, float* out,
+                            int64_t stride) {
+  const float* q = r.rows + g * r.Dp;
+  const float* positive = r.positive + g * r.Dp;
+  Lanes acc[16];  // acc[4 * row + block], the layout fold16 folds
+  unrolled<16>([&](auto j) { acc[j] = Lanes::zero(); });
+  const auto chunk = [&](int64_t d, auto&& load_bound) {
+    Lanes x[4], p[4];
+    unrolled<4>([&](auto h) {
+      x[h] = Lanes::load(q + h * r.Dp + d);
+      p[h] = Lanes::load(positive + h * r.Dp + d);
+    });
+    unrolled<4>([&](auto b) {
+      const Lanes h = load_bound(hi + b * D), l = load_bound(lo + b * D);
+      if (r.no_infinity && Lanes::all_at_least(h, l))
+        unrolled<4>([&](auto k) { acc[4 * k + b] = acc[4 * k + b] + ordered_term(x[k], p[k], h, l); });
+      else
+        unrolled<4>([&](auto k) { acc[4 * k + b] = acc[4 * k + b] + general_term(x[k], h, l); });
+    });
+  };
+  int64_t d = 0;
+  for (; d + kChunk <= D; d += kChunk) chunk(d, [&](const TC* row) { return Lanes::load(row + d); });
+  if (d < D) chunk(d, [&](const TC* row) { return load_partial(row + d, D - d); });  // zero past D, like q
+  using Tile = std::conditional_t<sizeof(TC) != 0, Lanes, Lanes>;  // dependent: fold16 is looked up only if used
+  Tile::fold16(acc, out, stride);
+}
+
 template <typename TC>
 QUEST_INLINE float bound1(const BoundRows& r, int64_t g, const TC* hi, const TC* lo, int64_t D) {
   const float *q = r.rows + g * r.Dp, *positive = r.positive + g * r.Dp;
   Lanes acc = Lanes::zero();
   for (int64_t d = 0; d < D; d += kChunk) {
     const Lanes h = load_row(hi, d, D), l = load_row(lo, d, D), qd = Lanes::load(q + d);
-    acc = acc + (Lanes::all_at_least(h, l) ? ordered_term(qd, Lanes::load(positive + d), h, l) : general_term(qd, h, l));
+    acc = acc + (r.no_infinity && Lanes::all_at_least(h, l) ? ordered_term(qd, Lanes::load(positive + d), h, l) : general_term(qd, h, l));
   }
   return acc.fold();
 }
@@ -157,15 +197,30 @@ void score_blocks(const BoundRows& r, const TC* kmax, const TC* kmin, int64_t D,
   }
 }
 
-// Scores of blocks [0, eligible) for each query row on its own: scores[g * eligible + m]. One pass
-// over the metadata for all the rows, where a pass per row would read it once per row.
+// Scores of blocks [0, eligible) for each query row on its own: scores[g * eligible + m], for
+// rows padded to a multiple of four (load_group_rows). One pass over the metadata for all the
+// rows, where a pass per row would read it once per row; four blocks at a time (bounds4x4) where
+// the ISA keeps their sixteen sums in registers.
+inline constexpr int64_t kBlockTile = 4;
+
 template <typename TC>
 void score_blocks_per_row(const BoundRows& r, const TC* kmax, const TC* kmin, int64_t D, int64_t eligible,
                           float* scores) {
-  for (int64_t m = 0; m < eligible; ++m) {
+  // Sixteen accumulators stay in registers only where a Lanes is one register (AVX-512; AVX2 and
+  // NEON hold a Lanes in two and four, and spill): the others score block by block.
+  using Tile = std::conditional_t<sizeof(TC) != 0, Lanes, Lanes>;  // dependent: kFold16 is looked up per ISA
+  int64_t m = 0;
+  if constexpr (Tile::kFold16) {
+    for (; m + kBlockTile <= eligible; m += kBlockTile) {
+      for (int64_t ahead = m + kPrefetchBlocks; ahead < m + kPrefetchBlocks + kBlockTile; ++ahead)
+        prefetch_bounds(kmax, kmin, ahead, eligible, D);
+      for (int64_t g = 0; g < r.heads; g += 4)
+        bounds4x4(r, g, kmax + m * D, kmin + m * D, D, scores + g * eligible + m, eligible);
+    }
+  }
+  for (; m < eligible; ++m) {
     prefetch_bounds(kmax, kmin, m + kPrefetchBlocks, eligible, D);
-    for_each_row_bound(r, kmax + m * D, kmin + m * D, D,
-                       [&](int64_t g, float bound) { scores[g * eligible + m] = bound; });
+    for_each_row_bound(r, kmax + m * D, kmin + m * D, D, [&](int64_t g, float bound) { scores[g * eligible + m] = bound; });
   }
 }
 
@@ -224,24 +279,26 @@ template <typename T, typename TC>
           std::fill(row, row + K, -1);
           continue;
         }
-        select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float* scores) {
-          if (shared_pass) {
+        if (shared_pass) {
+          select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float*) -> const float* {
             if (!scored) {
-              load_group_rows<T>(prm, b, n, i, s.query);
-              s.head_scores.resize(selections * eligible);
-              score_blocks_per_row(bound_rows(s.query.data(), selections, Dp, s.query_positive), kmax, kmin, D, eligible,
+              const int64_t tiles = (selections + 3) / 4 * 4;  // rows in whole tiles of four
+              load_group_rows<T>(prm, b, n, i, s.query, tiles);
+              s.head_scores.resize(tiles * eligible);
+              score_blocks_per_row(bound_rows(s.query.data(), tiles, Dp, s.query_positive), kmax, kmin, D, eligible,
                                    s.head_scores.data());
               scored = true;
             }
-            const float* own_scores = s.head_scores.data() + own * eligible;
-            std::copy(own_scores, own_scores + eligible, scores);
-          } else {
-            const int64_t heads = load_query_rows<T>(prm, b, n, i, own, s.query);
-            if (prm.score == ScoreMode::Probe)
-              probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query.data(), Dp, s.key, scores);
-            else
-              score_blocks(bound_rows(s.query.data(), heads, Dp, s.query_positive), kmax, kmin, D, eligible, scores, s);
-          }
+            return s.head_scores.data() + own * eligible;
+          });
+          continue;
+        }
+        select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float* scores) {
+          const int64_t heads = load_query_rows<T>(prm, b, n, i, own, s.query);
+          if (prm.score == ScoreMode::Probe)
+            probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query.data(), Dp, s.key, scores);
+          else
+            score_blocks(bound_rows(s.query.data(), heads, Dp, s.query_positive), kmax, kmin, D, eligible, scores, s);
         });
       }
     }
