@@ -5,7 +5,11 @@ The sparse settings measured are the export's defaults (`SparseSettings(top_k=32
 `export-sparse <family> --k 32` writes) and, for reference, the earlier default: blocks of 32 tokens
 and one selection per KV head. Every call reads cold data: each measurement rotates among enough
 copies of its buffers to exceed the last-level cache. Caches are bound in place (IOBinding), GQA
-shares its past/present buffers. Prints a table and writes benchmarks/results/ops.json and ops.png.
+shares its past/present buffers. The headline ratios (the default step at 32K, H=32 N=8 D=128,
+float32, against GroupQueryAttention and its int8 KV cache, one and two threads) are also measured
+side by side, the calls interleaved (paired_speedups): the summary's `*_paired*` figures, the ones
+to quote on a machine whose speed drifts. Prints a table and writes benchmarks/results/ops.json and
+ops.png.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import json
 import os
 import pathlib
 import platform
+import statistics
 import sys
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -191,6 +197,7 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
                                                         key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
                                                         past_lens=cfg.past_lens, block_max=meta[c][0], block_min=meta[c][1])))
     record("sparse_step", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * bounds_bytes + attended)
+    return run
 
 
 def bench_dense(cfg: Config, threads: int, include_gqa: bool, rows: list):
@@ -202,22 +209,23 @@ def bench_dense(cfg: Config, threads: int, include_gqa: bool, rows: list):
     run = _steps(dense, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
                                                         key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
                                                         past_lens=cfg.past_lens)))
-    results = {}
+    results, runs = {}, {}
     results["dense"] = time_rotating(run, cfg.copies, budget_s=1.0)
     if include_gqa:
         kinds = [("gqa", False)] + ([("gqa_int8", True)] if cfg.dtype == np.float32 else [])
         for kind, int8_kv in kinds:
-            results[kind] = _gqa_ms(cfg, threads, int8_kv)
+            runs[kind] = _gqa_run(cfg, threads, int8_kv)
+            results[kind] = time_rotating(runs[kind], cfg.copies, budget_s=1.0)
     for kind, ms in results.items():
         bytes_read = cfg.cache_bytes(cfg.past + 1) // (cfg.dtype.itemsize if kind == "gqa_int8" else 1)
         rows.append(dict(base, kind=kind, ms=round(ms, 4), bytes=bytes_read, gb_per_s=round(bytes_read / ms / 1e6, 2)))
         print(f"  {kind:<18} {ms:9.3f} ms {bytes_read / ms / 1e6:7.1f} GB/s  ({threads} thread{'s' if threads > 1 else ''})", flush=True)
-    return results
+    return runs
 
 
-def _gqa_ms(cfg: Config, threads: int, int8_kv: bool) -> float:
-    """GroupQueryAttention decoding one token over the config's rotating caches (its own int8
-    copies with `int8_kv`), present bound to past."""
+def _gqa_run(cfg: Config, threads: int, int8_kv: bool):
+    """run(copy): GroupQueryAttention decoding one token over the config's rotating caches (its own
+    int8 copies with `int8_kv`), present bound to past."""
     H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
     gqa = plain_session(gqa_decode_model(H, N, D, C, cfg.dtype, int8_kv=int8_kv), threads)
     rng = np.random.default_rng(1)
@@ -243,7 +251,48 @@ def _gqa_ms(cfg: Config, threads: int, int8_kv: bool) -> float:
         io.bind_ortvalue_output("present_key", key_cache)
         io.bind_ortvalue_output("present_value", value_cache)
         bindings.append(io)
-    return time_rotating(lambda c: gqa.run_with_iobinding(bindings[c]), cfg.copies, budget_s=1.0)
+    return lambda c: gqa.run_with_iobinding(bindings[c])
+
+
+# The paired headline measurement (paired_speedups): rounds, and per round the calls of each baseline
+# and of the sparse step that follow each other.
+PAIRED_ROUNDS, PAIRED_BASELINE_CALLS, PAIRED_STEP_CALLS = 12, 4, 60
+PAIRED_SETTLE_S = 0.05  # untimed pause before a run of the other session (see paired_speedups)
+
+
+def paired_speedups(step_run, baseline_runs: dict, copies: int, rows: list, **where) -> None:
+    """The headline ratios, measured side by side: calls of the sparse step and of each baseline
+    interleaved (PAIRED_ROUNDS rounds of a few calls of each baseline, each followed by a run of
+    steps), and the ratio of their median times. This machine's speed drifts by tens of percent
+    within seconds, so ratios of times taken a minute apart moved between 32x and 54x for the same
+    code; interleaved, a slow stretch slows both sides. Runs, not single calls, alternate, after
+    an untimed pause: a session's intra-op threads spin for a while after its call and slow the
+    other session (with two threads, alternating call by call without pauses cost
+    GroupQueryAttention 60%). Appends one row per baseline."""
+    calls = iter(range(1 << 30))  # one rotation over the copies for every call, so data stays cold
+
+    def timed_ms(run):
+        copy = next(calls) % copies
+        begin = time.perf_counter()
+        run(copy)
+        return (time.perf_counter() - begin) * 1e3
+
+    baseline_ms: dict[str, list[float]] = {kind: [] for kind in baseline_runs}
+    step_ms: list[float] = []
+    for _ in range(PAIRED_ROUNDS):
+        for kind, run in baseline_runs.items():
+            time.sleep(PAIRED_SETTLE_S)
+            baseline_ms[kind].extend(timed_ms(run) for _ in range(PAIRED_BASELINE_CALLS))
+            time.sleep(PAIRED_SETTLE_S)
+            step_ms.extend(timed_ms(step_run) for _ in range(PAIRED_STEP_CALLS))
+    step = statistics.median(step_ms)
+    for kind, times in baseline_ms.items():
+        baseline = statistics.median(times)
+        row = dict(where, kind="paired_speedup", baseline=kind, speedup=round(baseline / step, 1),
+                   step_ms=round(step, 4), baseline_ms=round(baseline, 3), calls=[len(step_ms), len(times)])
+        rows.append(row)
+        print(f"  step vs {kind:<9} {row['speedup']:6.1f}x  (interleaved medians: step {step:.3f} ms, "
+              f"{kind} {baseline:.2f} ms)", flush=True)
 
 
 def bench_metadata_build(dtype, C, P, N, D, threads, rng, rows, bounds_dtype="float16"):
@@ -295,6 +344,10 @@ def summarize(rows, bandwidth):
             attention = row(kind="sparse_attention", setting=setting.name, **at)
             if attention and "reads_over_budget" in attention:
                 out[f"{setting.name}_attention_reads_over_budget"] = attention["reads_over_budget"]
+            for kind in ("gqa", "gqa_int8"):
+                paired = row(kind="paired_speedup", baseline=kind, setting=setting.name, **at)
+                if paired:  # side by side: the figure to quote (paired_speedups)
+                    out[f"{setting.name}_step_speedup_vs_{kind}_paired{suffix}"] = paired["speedup"]
         if gqa and dense:
             out[f"dense_speedup_vs_gqa{suffix}"] = round(gqa["ms"] / dense["ms"], 2)
         if gqa and gqa_int8:
@@ -372,16 +425,21 @@ def main(argv=None):
             for dtype in DTYPES:
                 cfg = Config(H, N, D, C, dtype, rng)
                 print(f"H={H} N={N} D={D} C={C} {dtype}, {default.name}", flush=True)
-                bench_config(cfg, default, 1, rng, rows)
+                step_runs = {1: bench_config(cfg, default, 1, rng, rows)}
                 if C in contexts and (H, N, D) == HEADS[0]:
                     print(f"H={H} N={N} D={D} C={C} {dtype}, {default.name}, 2 threads", flush=True)
-                    bench_config(cfg, default, 2, rng, rows)
+                    step_runs[2] = bench_config(cfg, default, 2, rng, rows)
                 if (H, N, D, C) == (*HEADS[0], 32768):
                     print(f"H={H} N={N} D={D} C={C} {dtype}, {reference.name}", flush=True)
                     bench_config(cfg, reference, 1, rng, rows)
                     print(f"H={H} N={N} D={D} C={C} {dtype} dense, GroupQueryAttention", flush=True)
                     for threads in (1, 2):
-                        bench_dense(cfg, threads, True, rows)
+                        baselines = bench_dense(cfg, threads, True, rows)
+                        if dtype == "float32":
+                            print(f"H={H} N={N} D={D} C={C} {dtype}, {default.name} step against GroupQueryAttention, "
+                                  f"side by side, {threads} thread{'s' if threads > 1 else ''}", flush=True)
+                            paired_speedups(step_runs[threads], baselines, cfg.copies, rows, heads=f"{H}/{N}/{D}", context=C,
+                                            dtype=dtype, setting=default.name, threads=threads)
                 del cfg
     summary = summarize(rows, bandwidth)
     print("\nsummary:", json.dumps(summary, indent=1))
