@@ -49,6 +49,18 @@ class Progress:
             self.started = None
 
 
+
+def _fit_dense_layers(settings: SparseSettings, geometry: Geometry) -> SparseSettings:
+    """The settings with the default dense layers that the model has (a one-layer model keeps
+    layer 0 only); dense layers a user listed must all exist."""
+    missing = [layer for layer in settings.dense_layers if layer >= geometry.num_layers]
+    default = next(field.default for field in dataclasses.fields(SparseSettings) if field.name == "dense_layers")
+    if missing and settings.dense_layers != default:
+        raise ExportError(f"dense layers {missing} do not exist: the model has {geometry.num_layers} layers "
+                          f"(0 to {geometry.num_layers - 1})")
+    kept = tuple(layer for layer in settings.dense_layers if layer < geometry.num_layers)
+    return dataclasses.replace(settings, dense_layers=kept)
+
 def _geometry(config: dict):
     import onnx_ir as ir
 
@@ -128,8 +140,7 @@ def export_sparse(
             raise ExportError(f"{source} is a {config.get('model_type')!r} model, not {fam.model_type!r} "
                               f"(family {family})")
         geometry = _geometry(config)
-        dense = tuple(layer for layer in settings.dense_layers if layer < geometry.num_layers)
-        settings = dataclasses.replace(settings, dense_layers=dense)
+        settings = _fit_dense_layers(settings, geometry)
         progress.step("exporting with optimum (TorchScript, opset 18)")
         optimum_path = optimum_export(checkpoint, work / "optimum")
         check_external_data(optimum_path)
@@ -266,8 +277,7 @@ def rewrite_onnx(
         check_external_data(model_path)
         onnx_model = ir.load(model_path)
         geometry = geometry_from_graph(onnx_model)
-        dense = tuple(layer for layer in settings.dense_layers if layer < geometry.num_layers)
-        settings = dataclasses.replace(settings, dense_layers=dense)
+        settings = _fit_dense_layers(settings, geometry)
         progress.step(f"rewriting {geometry.num_layers} attention layers into Quest ops")
         counts = rewrite_attention(onnx_model, settings, geometry, capacity=capacity)
         logits = next((v for v in onnx_model.graph.outputs if v.name == "logits"), None)

@@ -305,3 +305,16 @@ def test_optimum_attention_refuses_a_sliding_window(tmp_path):
         export_sparse("qwen2", output=tmp_path / "quest", settings=SparseSettings(top_k=4, dense_layers=(0,)),
                       model=str(tmp_path / "checkpoint"), capacity=CAPACITY, log=lambda *a, **k: None)
     assert not (tmp_path / "quest").exists()
+
+
+def test_dense_layers_that_do_not_exist_are_refused(tmp_path):
+    """A dense layer the user lists must exist (the defaults, layers 0 and 1, fit the model)."""
+    source = tmp_path / "source"
+    source.mkdir()
+    onnx.save(genai_gqa_model(False, weights()), str(source / "model.onnx"), save_as_external_data=True,
+              location="model.onnx.data")
+    settings = SparseSettings(top_k=64, block_size=8, dense_layers=(0, 40))
+    with pytest.raises(ExportError, match=r"dense layers \[40\] do not exist: the model has \d+ layers"):
+        rewrite_onnx(source / "model.onnx", output=tmp_path / "quest", settings=settings, capacity=CAPACITY,
+                     log=lambda *a, **k: None)
+    assert not (tmp_path / "quest").exists()
