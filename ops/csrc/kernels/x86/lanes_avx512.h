@@ -83,23 +83,25 @@ struct Lanes {
   // every level adds the same lane pairs as fold(), two accumulators' halves per register, so each
   // addition does the work of two, and the last level leaves row h's four results in 128-bit lane h.
   static constexpr bool kFold16 = true;
+  // fold16's levels, as members rather than lambdas (for a lambda GCC also emits a function-pointer
+  // thunk, and warned that its vector return changes the ABI).
+  static __m512 fold_halves(__m512 a, __m512 b) {  // [a lanes i + (i + 8) | b lanes i + (i + 8)], i < 8
+    const __m512d x = _mm512_castps_pd(a), y = _mm512_castps_pd(b);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_shuffle_f64x2(x, y, 0x44)),
+                         _mm512_castpd_ps(_mm512_shuffle_f64x2(x, y, 0xEE)));
+  }
+  static __m512 fold_pairs(__m512 a, __m512 b) {  // per 128-bit lane: [a0 + a2, a1 + a3, b0 + b2, b1 + b3]
+    const __m512d x = _mm512_castps_pd(a), y = _mm512_castps_pd(b);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
   static void fold16(const Lanes* acc, float* out, int64_t stride) {
-    const auto halves = [](__m512 a, __m512 b) {  // [a lanes i + (i + 8) | b lanes i + (i + 8)], i < 8
-      const __m512d x = _mm512_castps_pd(a), y = _mm512_castps_pd(b);
-      return _mm512_add_ps(_mm512_castpd_ps(_mm512_shuffle_f64x2(x, y, 0x44)),
-                           _mm512_castpd_ps(_mm512_shuffle_f64x2(x, y, 0xEE)));
-    };
     __m512 column[4];  // column r: 128-bit lane h holds row h's four partial sums (i + 4 folded)
     for (int r = 0; r < 4; ++r) {
-      const __m512 top = halves(acc[r].v, acc[4 + r].v), bottom = halves(acc[8 + r].v, acc[12 + r].v);
+      const __m512 top = fold_halves(acc[r].v, acc[4 + r].v), bottom = fold_halves(acc[8 + r].v, acc[12 + r].v);
       column[r] = _mm512_add_ps(_mm512_shuffle_f32x4(top, bottom, _MM_SHUFFLE(2, 0, 2, 0)),
                                 _mm512_shuffle_f32x4(top, bottom, _MM_SHUFFLE(3, 1, 3, 1)));
     }
-    const auto pairs = [](__m512 a, __m512 b) {  // per 128-bit lane: [a0 + a2, a1 + a3, b0 + b2, b1 + b3]
-      const __m512d x = _mm512_castps_pd(a), y = _mm512_castps_pd(b);
-      return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    };
-    const __m512 first = pairs(column[0], column[1]), second = pairs(column[2], column[3]);
+    const __m512 first = fold_pairs(column[0], column[1]), second = fold_pairs(column[2], column[3]);
     const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(first, second, _MM_SHUFFLE(2, 0, 2, 0)),
                                       _mm512_shuffle_ps(first, second, _MM_SHUFFLE(3, 1, 3, 1)));
     _mm_storeu_ps(out, _mm512_castps512_ps128(sums));
