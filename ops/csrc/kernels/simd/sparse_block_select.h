@@ -106,14 +106,20 @@ QUEST_INLINE void bounds4(const BoundRows& r, int64_t g, const TC* hi, const TC*
 // hi and lo): the sixteen sums bounds4 makes, each in the same canonical order, to
 // out[row * stride + block]. Each chunk of the query rows is loaded once for the four blocks, and
 // one 4 x 4 fold (fold16) replaces four fold4s: per block this leaves the scoring arithmetic and
-// little else. For ISAs with fold16 (Lanes::kFold16).
+// little else. Every chunk takes the ordered form (ordered_term) while a mask register collects,
+// without a branch, whether every lane of every chunk allowed it; where one did not (max < min, a
+// NaN bound, an infinite query lane: never for bounds QuestMetadata wrote and real queries), the
+// four blocks are scored again chunk by chunk as bounds4 does. For ISAs with fold16 and lane
+// masks (AVX-512: Lanes::kFold16).
 template <typename TC>
 QUEST_INLINE void bounds4x4(const BoundRows& r, int64_t g, const TC* hi, const TC* lo, int64_t D, float* out,
                             int64_t stride) {
+  using Tile = std::conditional_t<sizeof(TC) != 0, Lanes, Lanes>;  // dependent: looked up only if used
   const float* q = r.rows + g * r.Dp;
   const float* positive = r.positive + g * r.Dp;
   Lanes acc[16];  // acc[4 * row + block], the layout fold16 folds
   unrolled<16>([&](auto j) { acc[j] = Lanes::zero(); });
+  typename Tile::LaneMask ordered = Tile::kAllLanes;
   const auto chunk = [&](int64_t d, auto&& load_bound) {
     Lanes x[4], p[4];
     unrolled<4>([&](auto h) {
@@ -122,17 +128,22 @@ QUEST_INLINE void bounds4x4(const BoundRows& r, int64_t g, const TC* hi, const T
     });
     unrolled<4>([&](auto b) {
       const Lanes h = load_bound(hi + b * D), l = load_bound(lo + b * D);
-      if (r.no_infinity && Lanes::all_at_least(h, l))
-        unrolled<4>([&](auto k) { acc[4 * k + b] = acc[4 * k + b] + ordered_term(x[k], p[k], h, l); });
-      else
-        unrolled<4>([&](auto k) { acc[4 * k + b] = acc[4 * k + b] + general_term(x[k], h, l); });
+      ordered = Tile::still_at_least(ordered, h, l);
+      unrolled<4>([&](auto k) { acc[4 * k + b] = acc[4 * k + b] + ordered_term(x[k], p[k], h, l); });
     });
   };
   int64_t d = 0;
   for (; d + kChunk <= D; d += kChunk) chunk(d, [&](const TC* row) { return Lanes::load(row + d); });
   if (d < D) chunk(d, [&](const TC* row) { return load_partial(row + d, D - d); });  // zero past D, like q
-  using Tile = std::conditional_t<sizeof(TC) != 0, Lanes, Lanes>;  // dependent: fold16 is looked up only if used
-  Tile::fold16(acc, out, stride);
+  if (r.no_infinity && ordered == Tile::kAllLanes) [[likely]] {
+    Tile::fold16(acc, out, stride);
+    return;
+  }
+  for (int64_t b = 0; b < 4; ++b) {
+    float bound[4];
+    bounds4(r, g, hi + b * D, lo + b * D, D, bound);
+    for (int64_t k = 0; k < 4; ++k) out[k * stride + b] = bound[k];
+  }
 }
 
 template <typename TC>

@@ -46,6 +46,11 @@ struct Lanes {
     return {_mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(mask.v), _mm512_castps_si512(a.v),
                                                           _mm512_castps_si512(b.v), 0xCA))};
   }
+  // Lanes that held a >= b in every compare so far (ordered: not where either held a NaN); starts
+  // at kAllLanes. A compare merged into the mask: one instruction, no branch.
+  using LaneMask = __mmask16;
+  static constexpr LaneMask kAllLanes = 0xFFFF;
+  static LaneMask still_at_least(LaneMask so_far, Lanes a, Lanes b) { return _mm512_mask_cmp_ps_mask(so_far, a.v, b.v, _CMP_GE_OQ); }
   // True when a >= b in every lane (ordered: false if either holds a NaN).
   static bool all_at_least(Lanes a, Lanes b) { return _mm512_cmp_ps_mask(a.v, b.v, _CMP_GE_OQ) == 0xFFFF; }
   // a * b + c rounded once (the attention's canonical multiply-add).
