@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../arith.h"
+#include "../block_mass.h"
 #include "../dispatch.h"
 #include "../select_order.h"
 #include "../types.h"

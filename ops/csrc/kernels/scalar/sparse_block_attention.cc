@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../arith.h"
+#include "../block_mass.h"
 #include "../sparse_block_attention.h"
 
 namespace quest {
@@ -31,13 +32,6 @@ void write_tokens(const SparseBlockAttentionParams& prm, int64_t begin, int64_t 
     }
   }
 }
-
-// The softmax mass one step gave one metadata block, kept for the block_importance output.
-struct BlockMass {
-  int32_t block;
-  float max_logit;  // the running max the step's weights were taken against
-  float weight_sum;
-};
 
 // Online-softmax state of one query head.
 struct HeadState {
@@ -140,14 +134,9 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
       }
       for (int64_t g = 0; g < G; ++g) {
         const HeadState& h = heads[g];
+        add_masses(masses[g], h.max_logit, h.denominator, importance);
         const bool nan_row = is_nan_row(h.max_logit, h.denominator);
-        for (const BlockMass& mass : masses[g])
-          importance[mass.block] += nan_row ? canonical_nan()
-                                            : mass.weight_sum * canonical_exp(mass.max_logit - h.max_logit) / h.denominator;
-        for (int64_t d = 0; d < D; ++d)
-          out[g * D + d] = from_float<T>(nan_row                 ? canonical_nan()
-                                         : h.denominator > 0.0f ? finite_or_nan(h.accumulator[d] / h.denominator)
-                                                                : 0.0f);
+        for (int64_t d = 0; d < D; ++d) out[g * D + d] = from_float<T>(row_output(h.accumulator[d], h.denominator, nan_row));
       }
     }
   }

@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../block_mass.h"
 #include "../sparse_block_attention.h"
 #include "canonical.h"
 
@@ -124,13 +125,6 @@ void step_logits(const float* queries, int64_t rows_count, int64_t Dp, const Row
         logits[g * Pp + t] = prm.softcap * canonical_tanh(logits[g * Pp + t] / prm.softcap);
 }
 
-// The softmax mass one step gave one metadata block, kept for the block_importance output.
-struct BlockMass {
-  int32_t block;
-  float max_logit;  // the running max the step's weights were taken against
-  float weight_sum;
-};
-
 // The max of a step's `count` scaled logits (row t in lane t % 16) and the running max: the step's
 // new running max, or NaN when a logit poisons the row (NaN or +inf; the NaN then stays, as
 // max_select(x, NaN) is NaN). The logits past count, up to the padded width, become -inf (they
@@ -182,15 +176,6 @@ inline void record_masses(const float* weights, int64_t first, int64_t count, in
       segment.add(t - first, weights[t - first]);
     masses.push_back(BlockMass{static_cast<int32_t>(block), max_logit, segment.fold()});
   }
-}
-
-// Adds a head's recorded masses to block_importance, in the order they were recorded: each step's
-// weights renormalised to the head's final max and denominator (NaN for a NaN row).
-inline void add_masses(const std::vector<BlockMass>& masses, float max_logit, float denominator, float* importance) {
-  const bool nan_row = is_nan_row(max_logit, denominator);
-  for (const BlockMass& mass : masses)
-    importance[mass.block] += nan_row ? canonical_nan()
-                                      : mass.weight_sum * canonical_exp(mass.max_logit - max_logit) / denominator;
 }
 
 // One query's online-softmax state: its G query rows and, per head, the accumulator, the running

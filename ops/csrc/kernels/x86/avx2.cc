@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../arith.h"
+#include "../block_mass.h"
 #include "../dispatch.h"
 #include "../select_order.h"
 #include "../types.h"
