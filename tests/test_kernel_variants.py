@@ -155,35 +155,21 @@ def _bounds_no_keys_give(inputs, seed=5):
 BOUND_CASES = [c for c in CASES if c.score == "bound" and c.ranks_blocks()][:8]
 
 
-@pytest.mark.parametrize("machine", list(MACHINES))
-@pytest.mark.parametrize("case", BOUND_CASES, ids=lambda case: case.id)
-def test_select_on_bounds_no_keys_give(case, machine, tmp_path):
-    inputs, attributes, expected = reference_outputs("SparseBlockSelect", case, _bounds_no_keys_give)
-    _check_variants(machine, "SparseBlockSelect", case, inputs, attributes, expected, tmp_path)
-
-
 SPECIAL_CASES = [c for c in CASES if c.score == "bound"][:10]
+EDGE_INPUTS = {"no keys give": _bounds_no_keys_give, "non-finite": with_specials, "as built": None}
+# (call, case, inputs) runs at the contract's edges: bounds no keys give on short selections;
+# non-finite numbers on every call; and rows of thousands of blocks, which take the paths short
+# ones do not (tiles of four blocks, the floor that skips low scores), as QuestMetadata builds them
+# and with both kinds of edge.
+EDGE_RUNS = ([("SparseBlockSelect", case, "no keys give") for case in BOUND_CASES]
+             + [(call, case, "non-finite") for case in SPECIAL_CASES for call in CALLS]
+             + [("SparseBlockSelect", case, inputs) for case in LONG_CASES for inputs in EDGE_INPUTS])
 
 
 @pytest.mark.parametrize("machine", list(MACHINES))
-@pytest.mark.parametrize("call", list(CALLS))
-@pytest.mark.parametrize("case", SPECIAL_CASES, ids=lambda case: case.id)
-def test_variants_alike_on_non_finite_numbers(case, call, machine, tmp_path):
-    """Non-finite numbers follow one contract (docs/ops.md): every variant writes the same bits,
-    NaN payloads and signs included, and the scalar kernel meets the reference's NaNs."""
-    inputs, attributes, expected = reference_outputs(call, case, with_specials)
+@pytest.mark.parametrize("call,case,inputs", EDGE_RUNS, ids=[f"{call}-{case.id}-{inputs}" for call, case, inputs in EDGE_RUNS])
+def test_variants_alike_at_the_edges(call, case, inputs, machine, tmp_path):
+    """Every variant writes the same bits as the scalar kernel (NaN payloads and signs included,
+    docs/ops.md non-finite numbers), and the scalar kernel meets the reference."""
+    inputs, attributes, expected = reference_outputs(call, case, EDGE_INPUTS[inputs])
     _check_variants(machine, CALLS[call][0], case, inputs, attributes, expected, tmp_path)
-
-
-LONG_BOUNDS = {"as built": None, "no keys give": _bounds_no_keys_give, "non-finite": with_specials}
-
-
-@pytest.mark.parametrize("machine", list(MACHINES))
-@pytest.mark.parametrize("bounds", list(LONG_BOUNDS))
-@pytest.mark.parametrize("case", LONG_CASES, ids=lambda case: case.id)
-def test_select_on_long_rows(case, bounds, machine, tmp_path):
-    """Rows of thousands of blocks take the paths short ones do not (tiles of four blocks, the
-    floor that skips low scores): every variant equals the scalar kernel and the reference, on
-    the metadata as QuestMetadata builds it and on bounds and numbers at the contract's edges."""
-    inputs, attributes, expected = reference_outputs("SparseBlockSelect", case, LONG_BOUNDS[bounds])
-    _check_variants(machine, "SparseBlockSelect", case, inputs, attributes, expected, tmp_path)
