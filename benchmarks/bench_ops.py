@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import itertools
 import json
 import os
 import pathlib
@@ -200,7 +201,7 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
     return run
 
 
-def bench_dense(cfg: Config, threads: int, include_gqa: bool, rows: list):
+def bench_dense(cfg: Config, threads: int, rows: list):
     H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
     base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, threads=threads)
     dense = InPlaceStep(make_session(attention_layer_model(num_heads=H, kv_num_heads=N, head_dim=D, capacity=C,
@@ -211,11 +212,10 @@ def bench_dense(cfg: Config, threads: int, include_gqa: bool, rows: list):
                                                         past_lens=cfg.past_lens)))
     results, runs = {}, {}
     results["dense"] = time_rotating(run, cfg.copies, budget_s=1.0)
-    if include_gqa:
-        kinds = [("gqa", False)] + ([("gqa_int8", True)] if cfg.dtype == np.float32 else [])
-        for kind, int8_kv in kinds:
-            runs[kind] = _gqa_run(cfg, threads, int8_kv)
-            results[kind] = time_rotating(runs[kind], cfg.copies, budget_s=1.0)
+    kinds = [("gqa", False)] + ([("gqa_int8", True)] if cfg.dtype == np.float32 else [])
+    for kind, int8_kv in kinds:
+        runs[kind] = _gqa_run(cfg, threads, int8_kv)
+        results[kind] = time_rotating(runs[kind], cfg.copies, budget_s=1.0)
     for kind, ms in results.items():
         bytes_read = cfg.cache_bytes(cfg.past + 1) // (cfg.dtype.itemsize if kind == "gqa_int8" else 1)
         rows.append(dict(base, kind=kind, ms=round(ms, 4), bytes=bytes_read, gb_per_s=round(bytes_read / ms / 1e6, 2)))
@@ -269,7 +269,7 @@ def paired_speedups(step_run, baseline_runs: dict, copies: int, rows: list, **wh
     an untimed pause: a session's intra-op threads spin for a while after its call and slow the
     other session (with two threads, alternating call by call without pauses cost
     GroupQueryAttention 60%). Appends one row per baseline."""
-    calls = iter(range(1 << 30))  # one rotation over the copies for every call, so data stays cold
+    calls = itertools.count()  # one rotation over the copies for every call, so data stays cold
 
     def timed_ms(run):
         copy = next(calls) % copies
@@ -434,7 +434,7 @@ def main(argv=None):
                     bench_config(cfg, reference, 1, rng, rows)
                     print(f"H={H} N={N} D={D} C={C} {dtype} dense, GroupQueryAttention", flush=True)
                     for threads in (1, 2):
-                        baselines = bench_dense(cfg, threads, True, rows)
+                        baselines = bench_dense(cfg, threads, rows)
                         if dtype == "float32":
                             print(f"H={H} N={N} D={D} C={C} {dtype}, {default.name} step against GroupQueryAttention, "
                                   f"side by side, {threads} thread{'s' if threads > 1 else ''}", flush=True)

@@ -141,7 +141,7 @@ class QuestModel:
         integers or lie outside the vocabulary, S = 0, ...), CapacityError when a row would pass the
         capacity.
         """
-        if not isinstance(cache, KVCache) or set(cache.buffers) != self._cache_names:
+        if not isinstance(cache, KVCache) or cache.buffers.keys() != self._cache_names:  # no set built per step
             got = "the caches of another model" if isinstance(cache, KVCache) else f"a {type(cache).__name__}"
             raise ValueError(f"cache must come from this model's new_cache, got {got}")
         input_ids, valid = step_arguments(input_ids, valid, exact, cache.batch, self.sidecar.vocab_size)

@@ -39,9 +39,9 @@ def softmax_rows(logits):
     """(weights, nan_rows) of logits [rows, n]: a row with a NaN or +inf logit, or only -inf ones,
     is a NaN row (all its weights NaN); elsewhere -inf logits weigh 0. Non-finite numbers: docs/ops.md."""
     nan_rows = np.isnan(logits).any(axis=1) | np.isposinf(logits).any(axis=1) | np.isneginf(logits).all(axis=1)
-    finite_max = np.where(nan_rows[:, None], 0.0, logits).max(axis=1, keepdims=True)
+    usable = np.where(nan_rows[:, None], 0.0, logits)
     with np.errstate(invalid="ignore"):
-        weights = np.exp(np.where(nan_rows[:, None], 0.0, logits) - finite_max)
+        weights = np.exp(usable - usable.max(axis=1, keepdims=True))
     weights /= weights.sum(axis=1, keepdims=True)
     weights[nan_rows] = np.nan
     return weights, nan_rows
