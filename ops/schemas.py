@@ -38,6 +38,9 @@ class Tensor:
     optional: bool = False
 
 
+INT32_MAX = 2**31 - 1  # the largest value an ONNX int attribute the kernels take may hold
+
+
 @dataclasses.dataclass(frozen=True)
 class Attribute:
     name: str
@@ -51,6 +54,20 @@ class Attribute:
     @property
     def required(self) -> bool:
         return self.default is None
+
+    def range_problem(self, value) -> str | None:
+        """Why `value` is out of this numeric attribute's range (an int attribute also within
+        int32, a float one a number), or None."""
+        integer = self.kind == "int"
+        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+            return f"must be {'an integer' if integer else 'a number'}, got {value!r}"
+        low = self.minimum
+        high = self.maximum if self.maximum is not None else (INT32_MAX if integer else float("inf"))
+        if integer:
+            low, high = int(low), int(high)
+        if not low <= value <= high:  # NaN fails too
+            return f"must lie in [{low}, {high}], got {value!r}"
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

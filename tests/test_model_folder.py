@@ -234,8 +234,9 @@ def test_a_variant_graph_may_change_the_selection_but_not_the_caches(tmp_path):
 # --- the sidecar alone ------------------------------------------------------------------------
 
 BAD_SIDECARS = [
-    ("block_size 0", lambda d: d.update(block_size=0), ["block_size", "0", ">= 1"]),
-    ("block_size negative", lambda d: d.update(block_size=-16), ["block_size", "-16", ">= 1"]),
+    ("block_size 0", lambda d: d.update(block_size=0), ["block_size", "0", "[1, 2147483647]"]),
+    ("block_size negative", lambda d: d.update(block_size=-16), ["block_size", "-16", "[1, 2147483647]"]),
+    ("top_k past int32", lambda d: d.update(top_k=2**31), ["top_k", "2147483648", "2147483647]"]),
     ("block_size a string", lambda d: d.update(block_size="16"), ["block_size", "'16'", "integer"]),
     ("block_size a float", lambda d: d.update(block_size=16.5), ["block_size", "16.5", "integer"]),
     ("top_k 0", lambda d: d.update(top_k=0), ["top_k", "0"]),

@@ -9,9 +9,8 @@ import math
 
 import onnx_ir as ir
 
-from ...ops.schemas import DOMAIN, SPARSE_BLOCK_SELECT
+from ...ops.schemas import DOMAIN, INT32_MAX, SPARSE_BLOCK_SELECT
 
-INT32_MAX = 2**31 - 1
 # The settings that become SparseBlockSelect attributes (same names): their ranges are the op schema's,
 # and an int attribute must fit in int32, so a bad value is refused here rather than by the checker.
 ATTRIBUTE_SETTINGS = ("top_k", "block_size", "sink_blocks", "recent_blocks", "importance_fraction", "num_probes")
@@ -19,17 +18,7 @@ ATTRIBUTE_SETTINGS = ("top_k", "block_size", "sink_blocks", "recent_blocks", "im
 
 def attribute_range_problem(name: str, value) -> str | None:
     """Why `value` is out of range for SparseBlockSelect's attribute `name`, or None."""
-    attribute = SPARSE_BLOCK_SELECT.attribute(name)
-    integer = attribute.kind == "int"
-    low = attribute.minimum
-    high = attribute.maximum if attribute.maximum is not None else (INT32_MAX if integer else math.inf)
-    if integer:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"must be an integer, got {value!r}"
-        low, high = int(low), int(high)
-    if not low <= value <= high:  # NaN fails too
-        return f"must lie in [{low}, {high}], got {value!r}"
-    return None
+    return SPARSE_BLOCK_SELECT.attribute(name).range_problem(value)
 
 
 @dataclasses.dataclass(frozen=True)
