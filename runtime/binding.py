@@ -22,8 +22,11 @@ class InPlaceStep:
         self.outputs = [o.name for o in session.get_outputs()]
         self.aliases = {out: inp for out, inp in aliases.items() if out in self.outputs}
 
-    def bind(self, feeds: Mapping[str, np.ndarray | ort.OrtValue]) -> ort.IOBinding:
-        """An IOBinding for these feeds, reusable for repeated runs on the same buffers."""
+    def bind(self, feeds: Mapping[str, np.ndarray | ort.OrtValue],
+             into: Mapping[str, np.ndarray] | None = None) -> ort.IOBinding:
+        """An IOBinding for these feeds, reusable for repeated runs on the same buffers. `into` maps
+        outputs to arrays of their exact shape and type that the run writes (no copy afterwards)."""
+        into = into or {}
         binding = self.session.io_binding()
         values = {}
         for name, value in feeds.items():
@@ -34,17 +37,24 @@ class InPlaceStep:
         for name in self.outputs:
             if name in self.aliases:
                 binding.bind_ortvalue_output(name, values[self.aliases[name]])
+            elif name in into:
+                binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(into[name]))
             else:
                 binding.bind_output(name, "cpu")
-        binding._quest_values = values  # keep the OrtValues of NumPy feeds alive with the binding
+        # Keep the OrtValues of NumPy feeds, and the arrays outputs are written into, with the binding.
+        binding._quest_values = values, dict(into)
         return binding
 
     def run_bound(self, binding: ort.IOBinding) -> dict[str, np.ndarray]:
-        """Run a prepared binding; returns the outputs that are not aliased, as NumPy arrays."""
+        """Run a prepared binding; returns the outputs that are not aliased, as NumPy arrays (those
+        bound `into` arrays: the arrays themselves)."""
         self.session.run_with_iobinding(binding)
         produced = binding.get_outputs()
-        return {name: value.numpy() for name, value in zip(self.outputs, produced) if name not in self.aliases}
+        _, into = binding._quest_values
+        return {name: into[name] if name in into else value.numpy()
+                for name, value in zip(self.outputs, produced) if name not in self.aliases}
 
-    def run(self, feeds: Mapping[str, np.ndarray | ort.OrtValue]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray | ort.OrtValue],
+            into: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Bind and run once."""
-        return self.run_bound(self.bind(feeds))
+        return self.run_bound(self.bind(feeds, into))

@@ -118,6 +118,7 @@ def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int 
             last = np.zeros((len(prompts), logits.shape[-1]), np.float32)
         for row in np.flatnonzero((lengths > start) & (lengths <= start + chunk)):
             last[row] = logits[row, lengths[row] - start - 1]
+        del logits  # before the next step makes its own: a chunk's logits can be hundreds of MB
     return last
 
 

@@ -28,6 +28,9 @@ from .inputs import integer, step_arguments
 from .sessions import make_session
 
 
+_LOGITS_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
 class CapacityError(ValueError):
     """A step would write past the cache capacity; nothing was run or written."""
 
@@ -94,6 +97,10 @@ class QuestModel:
         self._importance_names = [layer.past_block_importance for layer in self.sidecar.layers
                                   if layer.past_block_importance]
         self._cache_names = set(aliases.values())
+        logits = next(o for o in self.session.get_outputs() if o.name == self.sidecar.outputs["logits"])
+        if logits.type not in _LOGITS_TYPES:
+            raise ValueError(f"{model_path}: logits of type {logits.type}; the runtime reads float or float16")
+        self._logits_dtype = _LOGITS_TYPES[logits.type]
 
     @property
     def vocab_size(self) -> int:
@@ -166,15 +173,19 @@ class QuestModel:
         if self.selects_per_step:
             feeds[names["exact_lens"]] = (total if exact else cache.lengths).astype(np.int32)
         saved = self._accumulated_state(cache)
+        # The logits are written straight into a fresh array: a copy out of ONNX Runtime's own
+        # would hold them twice (a 512-token prefill step of a 151936-word vocabulary: 311 MB each).
+        logits_name = self.sidecar.outputs["logits"]
+        logits_shape = (cache.batch, new_tokens, self.sidecar.vocab_size)
         try:
-            outputs = self._step.run(feeds)
+            outputs = self._step.run(feeds, into={logits_name: np.empty(logits_shape, self._logits_dtype)})
         except BaseException:
             self._restore(cache, saved)
             raise
         for present, past in self._copy_back.items():
             cache.buffers[past][...] = outputs[present]
         cache.lengths[:] = total
-        return outputs[self.sidecar.outputs["logits"]]
+        return outputs[logits_name]
 
     def _accumulated_state(self, cache: KVCache) -> dict:
         """What a step changes that earlier steps built on: each row's partly filled metadata block

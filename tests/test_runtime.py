@@ -108,8 +108,8 @@ def test_a_failed_step_leaves_the_caches_as_they_were(failure):
         step = model._step
         original = step.run
 
-        def run_then_fail(feeds):
-            original(feeds)
+        def run_then_fail(feeds, into=None):
+            original(feeds, into)
             raise RuntimeError("injected failure")
 
         step.run = run_then_fail
@@ -138,6 +138,38 @@ def test_dense_gqa_baseline_generates_the_same_tokens_when_the_budget_covers_the
     comparison = compare(_quest(), _gqa(), prompts, Sampling(max_new_tokens=64))
     assert comparison.identical, f"{comparison.matching_fraction:.0%} of tokens match"
     assert comparison.sparse.decoded == comparison.dense.decoded == 3 * 63
+
+
+def test_each_step_writes_its_logits_into_an_array_of_its_own():
+    # The logits are bound straight into a fresh array (a copy out of ONNX Runtime's would hold a
+    # prefill chunk's logits twice): the step returns that very array, one kept from an earlier
+    # step does not change, and the values are those ONNX Runtime's own output holds.
+    model = _quest()
+    cache = model.new_cache(1)
+    rng = np.random.default_rng(13)
+    first_ids, second_ids = rng.integers(0, 256, (1, 9)), rng.integers(0, 256, (1, 1))
+    run, written = model._step.run, []
+
+    def run_recording(feeds, into=None):
+        written.extend(into.values())
+        return run(feeds, into)
+
+    model._step.run = run_recording
+    try:
+        first = model.step(cache, first_ids, exact=True)
+        kept = first.copy()
+        second = model.step(cache, second_ids)
+    finally:
+        del model._step.run
+    assert len(written) == 2 and written[0] is first and written[1] is second
+    assert first.shape == (1, 9, model.vocab_size) and second.shape == (1, 1, model.vocab_size)
+    np.testing.assert_array_equal(first, kept)
+    cache.reset()
+    model._step.run = lambda feeds, into=None: run(feeds)  # ONNX Runtime allocates the logits
+    try:
+        np.testing.assert_array_equal(model.step(cache, first_ids, exact=True), kept)
+    finally:
+        del model._step.run
 
 
 def test_chunked_prefill_matches_the_dense_baseline_past_one_chunk():
