@@ -6,8 +6,10 @@ Random weights (28 layers, hidden 1024, 16 query heads, 8 KV heads, head dim 128
 Decode: the caches are filled synthetically to 4K, 16K and 32K tokens (both models read the very
 same buffers), then each decodes a few tokens. Prefill (time to first token): 4K- and 8K-token
 prompts through the runtime's `prefill` (exact, the default), each model in its own process so
-its peak RSS is its own, the two models one after the other per length. Prints a table, writes
-results/e2e.json and e2e.png.
+its peak RSS is its own; the time ratio is measured side by side in one process, the two models'
+prefill steps alternating chunk by chunk (this machine's speed drifts by ten percent within a
+minute, which one model after the other would measure). Prints a table, writes results/e2e.json
+and e2e.png.
 """
 
 from __future__ import annotations
@@ -113,14 +115,37 @@ def prefill_run(folder: pathlib.Path, tokens: int, threads: int) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def prefill_pairs(folders: dict, lengths, threads: int) -> list[dict]:
-    """Per prompt length, Quest's prefill then GroupQueryAttention's, each in its own process."""
+def prefill_side_by_side(models: dict, tokens: int) -> dict[str, float]:
+    """Seconds each model's prefill of the same `tokens` random ids takes when their steps alternate:
+    the steps `prefill` takes for one prompt (PREFILL_CHUNK positions each, exact), in turns, the
+    first model of each turn swapped every chunk."""
+    from quest_ort.runtime.generate import PREFILL_CHUNK
+
+    ids = np.random.default_rng(0).integers(0, GEOMETRY["vocab_size"], (1, tokens))
+    caches = {kind: model.new_cache(1, tokens + 64) for kind, model in models.items()}
+    seconds = dict.fromkeys(models, 0.0)
+    for turn, start in enumerate(range(0, tokens, PREFILL_CHUNK)):
+        kinds = list(models) if turn % 2 == 0 else list(models)[::-1]
+        for kind in kinds:
+            begin = time.perf_counter()
+            models[kind].step(caches[kind], ids[:, start : start + PREFILL_CHUNK], exact=True)
+            seconds[kind] += time.perf_counter() - begin
+    return {kind: round(value, 2) for kind, value in seconds.items()}
+
+
+def prefill_pairs(folders: dict, models: dict, lengths, threads: int) -> list[dict]:
+    """Per prompt length: each model's prefill alone in its own process (seconds, peak RSS), then
+    both side by side (the time ratio)."""
     rows = []
     for tokens in lengths:
         runs = {kind: prefill_run(folder, tokens, threads) for kind, folder in folders.items()}
         row = dict(tokens=tokens, **{kind: run for kind, run in runs.items()})
         if all("seconds" in run for run in runs.values()):
-            row["time_ratio"] = round(runs["quest"]["seconds"] / runs["gqa"]["seconds"], 3)
+            paired = prefill_side_by_side(models, tokens)
+            for kind, run in runs.items():
+                run["side_by_side_seconds"] = paired[kind]
+            row["time_ratio"] = round(paired["quest"] / paired["gqa"], 3)
+            row["time_ratio_alone"] = round(runs["quest"]["seconds"] / runs["gqa"]["seconds"], 3)
             row["peak_rss_ratio"] = round(runs["quest"]["peak_rss_gb"] / runs["gqa"]["peak_rss_gb"], 3)
         print(f"prefill {tokens:5d} tokens: {row}", flush=True)
         rows.append(row)
@@ -175,8 +200,8 @@ def main(argv=None):
     speedups = {c: next(r["ms_per_token"] for r in rows if r["model"] == "gqa" and r["context"] == c)
                 / next(r["ms_per_token"] for r in rows if r["model"] == "quest" and r["context"] == c) for c in CONTEXTS}
     print("speedup:", {c: round(s, 2) for c, s in speedups.items()})
-    del quest, gqa, cache, gqa_cache
-    prefill = prefill_pairs(folders, args.prefill_tokens, args.threads)
+    del cache, gqa_cache
+    prefill = prefill_pairs(folders, dict(quest=quest, gqa=gqa), args.prefill_tokens, args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = dict(geometry=GEOMETRY, kv_dtype="float16", top_k=settings.top_k, block_size=settings.block_size,
                   group_reduce=settings.group_reduce, bounds_dtype=settings.bounds_dtype, threads=args.threads,
