@@ -16,7 +16,43 @@
 
 #include "sparse_block_select.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
 namespace quest {
+
+// Bit j set where values[j] > bound (Strict) or values[j] >= bound, for j < 32 (ordered compares:
+// never for NaN). Written with the baseline instruction set's vectors (SSE2 on x86-64, NEON on
+// AArch64): this header is compiled for baseline only (it is included before the ISA target
+// regions), where GCC leaves a loop that builds a bit mask scalar, and the floor of the shared
+// pass (collect_above_floor) spent most of its time in that loop.
+template <bool Strict>
+inline uint32_t compare_mask32(const float* values, float bound) {
+  uint32_t mask = 0;
+#if defined(__SSE2__)
+  const __m128 b = _mm_set1_ps(bound);
+  for (int j = 0; j < 32; j += 4) {
+    const __m128 v = _mm_loadu_ps(values + j);
+    const __m128 hit = Strict ? _mm_cmpgt_ps(v, b) : _mm_cmpge_ps(v, b);  // ordered: false for NaN
+    mask |= static_cast<uint32_t>(_mm_movemask_ps(hit)) << j;
+  }
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+  const float32x4_t b = vdupq_n_f32(bound);
+  const uint32_t weights_bits[4] = {1, 2, 4, 8};
+  const uint32x4_t weights = vld1q_u32(weights_bits);
+  for (int j = 0; j < 32; j += 4) {
+    const float32x4_t v = vld1q_f32(values + j);
+    const uint32x4_t hit = Strict ? vcgtq_f32(v, b) : vcgeq_f32(v, b);  // false for NaN
+    mask |= vaddvq_u32(vandq_u32(hit, weights)) << j;
+  }
+#else
+  for (int j = 0; j < 32; ++j) mask |= static_cast<uint32_t>(Strict ? values[j] > bound : values[j] >= bound) << j;
+#endif
+  return mask;
+}
 
 // True when block a ranks before block b: higher value first, NaN last, ties to the lower index.
 // A strict total order, so the chosen set never depends on the selection algorithm.
@@ -116,8 +152,8 @@ struct SelectScratch {
   }
 
   // Whether any run[j] > threshold, and whether any run[j] >= floor (ordered: never for NaN): an int
-  // reduction, not a bool, so that GCC vectorizes it on every instruction set; the masks below do
-  // not vectorize on baseline x86-64 and run only for the few runs these let through.
+  // reduction, not a bool, so that GCC vectorizes it on every instruction set; the masks below
+  // (compare_mask32) run only for the few runs these let through.
   static bool any_greater(const float* run, float threshold) {
     int greater = 0;
     for (int64_t j = 0; j < kRejectRun; ++j) greater |= run[j] > threshold;
@@ -128,18 +164,10 @@ struct SelectScratch {
     for (int64_t j = 0; j < kRejectRun; ++j) at_least |= run[j] >= floor;
     return at_least != 0;
   }
-  // Bit j set where run[j] > threshold (ordered: never for NaN).
-  static uint32_t greater_mask(const float* run, float threshold) {
-    uint32_t greater = 0;
-    for (int64_t j = 0; j < kRejectRun; ++j) greater |= static_cast<uint32_t>(run[j] > threshold) << j;
-    return greater;
-  }
-  // Bit j set where run[j] >= floor (ordered: never for NaN).
-  static uint32_t at_least_mask(const float* run, float floor) {
-    uint32_t at_least = 0;
-    for (int64_t j = 0; j < kRejectRun; ++j) at_least |= static_cast<uint32_t>(run[j] >= floor) << j;
-    return at_least;
-  }
+  // Bit j set where run[j] > threshold, and where run[j] >= floor (ordered: never for NaN).
+  static_assert(kRejectRun == 32, "a run's mask is one 32-bit word");
+  static uint32_t greater_mask(const float* run, float threshold) { return compare_mask32<true>(run, threshold); }
+  static uint32_t at_least_mask(const float* run, float floor) { return compare_mask32<false>(run, floor); }
 
   // With every value known and nothing offered: the candidates become the untaken blocks whose
   // value is at least a floor that at least `keep` untaken blocks reach, so the best `keep` are
