@@ -95,8 +95,8 @@ def test_small_budget_selects_what_the_reference_selects(family, group_reduce):
     feeds_seen = []
     original_run = model._step.run
 
-    def capture(feeds):
-        out = original_run(feeds)
+    def capture(feeds, into=None):
+        out = original_run(feeds, into)
         # The metadata outputs are bound in place: after the step they are the cache buffers.
         out = {**out, **{f"present_block_{kind}.{layer}": cache.buffers[f"past_block_{kind}.{layer}"].copy()
                          for layer in sidecar.sparse_layers for kind in ("max", "min")}}
@@ -141,7 +141,7 @@ def test_exact_prefill_matches_optimum_past_the_budget_and_decode_selects(family
         cache = model.new_cache(1, capacity=256)
         binding_run = model._step.run
         steps = []
-        model._step.run = lambda feeds: steps.append(binding_run(feeds)) or steps[-1]
+        model._step.run = lambda feeds, into=None: steps.append(binding_run(feeds, into)) or steps[-1]
         logits = model.step(cache, np.array([prompt]), exact=exact)
         model.step(cache, np.array([[int(np.argmax(logits[0, -1]))]]))
         prompt_rows, decode_rows = ([out[name] for name in selected] for out in steps)
