@@ -201,6 +201,8 @@ def main(argv=None):
                 / next(r["ms_per_token"] for r in rows if r["model"] == "quest" and r["context"] == c) for c in CONTEXTS}
     print("speedup:", {c: round(s, 2) for c, s in speedups.items()})
     del cache, gqa_cache
+    # The two models stay loaded for the side-by-side prefill (about 5 GB here); the per-process
+    # runs measure their own peaks, which this process does not touch.
     prefill = prefill_pairs(folders, dict(quest=quest, gqa=gqa), args.prefill_tokens, args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = dict(geometry=GEOMETRY, kv_dtype="float16", top_k=settings.top_k, block_size=settings.block_size,

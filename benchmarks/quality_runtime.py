@@ -289,7 +289,8 @@ def teacher_forced(model, cache: KVCache, ids: list[int], start: int, exact: boo
         logits = model.step(cache, np.array([piece], np.int64), exact=exact)[0]
         targets = np.array(ids[begin + 1 : begin + 1 + len(piece)], np.int64)
         losses.append(token_losses(logits[: len(targets)], targets))
-        last = logits[-1]
+        last = logits[-1].copy()  # not a view: the chunk's logits go before the next step
+        del logits
     return np.concatenate(losses), last
 
 

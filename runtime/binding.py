@@ -25,8 +25,14 @@ class InPlaceStep:
     def bind(self, feeds: Mapping[str, np.ndarray | ort.OrtValue],
              into: Mapping[str, np.ndarray] | None = None) -> ort.IOBinding:
         """An IOBinding for these feeds, reusable for repeated runs on the same buffers. `into` maps
-        outputs to arrays of their exact shape and type that the run writes (no copy afterwards)."""
+        outputs to arrays of their exact shape and type that the run writes (no copy afterwards; a
+        binding run again writes and returns the same arrays)."""
         into = into or {}
+        for name, array in into.items():
+            # ONNX Runtime would write a contiguous copy of any other array, leaving it unwritten.
+            if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
+                raise ValueError(f"output {name}: the array to write it into must be a C-contiguous, writeable "
+                                 "NumPy array")
         binding = self.session.io_binding()
         values = {}
         for name, value in feeds.items():

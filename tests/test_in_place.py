@@ -74,6 +74,38 @@ def test_unbound_outputs_copy_the_cache_once_per_step():
     assert native_copied_bytes() - copied_before == key_cache.nbytes + value_cache.nbytes
 
 
+def _read_only(shape):
+    array = np.zeros(shape, np.float32)
+    array.flags.writeable = False
+    return array
+
+
+REFUSED_OUTPUT_ARRAYS = {
+    "not contiguous": lambda shape: np.zeros((*shape[:-1], 2 * shape[-1]), np.float32)[..., ::2],
+    "read-only": _read_only,
+}
+
+
+def test_outputs_are_written_into_the_arrays_given():
+    rng = np.random.default_rng(5)
+    step = _attention_session()
+    feeds = _decode_feeds(rng, [3, 4], *_caches(rng))
+    expected = step.run(feeds)["output"]  # run again, the step writes the same new tokens again
+    output = np.full(expected.shape, np.nan, np.float32)
+    got = step.run(feeds, into={"output": output})["output"]
+    assert got is output
+    np.testing.assert_array_equal(output, expected)
+
+
+@pytest.mark.parametrize("kind", REFUSED_OUTPUT_ARRAYS)
+def test_an_array_onnx_runtime_would_not_write_into_is_refused(kind):
+    # ONNX Runtime writes a contiguous copy of any other array and leaves the caller's unwritten.
+    rng = np.random.default_rng(5)
+    feeds = _decode_feeds(rng, [3, 4], *_caches(rng))
+    with pytest.raises(ValueError, match="output output: the array to write it into must be a C-contiguous"):
+        _attention_session().run(feeds, into={"output": REFUSED_OUTPUT_ARRAYS[kind]((B, 1, H * D))})
+
+
 def test_failed_step_leaves_bound_caches_untouched():
     rng = np.random.default_rng(2)
     key_cache, value_cache = _caches(rng)
