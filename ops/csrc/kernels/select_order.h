@@ -126,8 +126,8 @@ struct SelectScratch {
   }
 
   // Offers blocks [offered, end). While the threshold is a number, each run of kRejectRun blocks
-  // is compared with it in one branch-free pass (a fixed count, so the compiler vectorizes it) that
-  // gives the mask of the blocks greater than it; only those are offered, in ascending order. The
+  // is compared with it in one vector pass (compare_mask32) that gives the mask of the blocks
+  // greater than it; only those are offered, in ascending order. The
   // threshold only rises while a run is offered, so a block not greater than it at the start of
   // the run is not offered by offer() either; offer() re-checks the others.
   static constexpr int64_t kRejectRun = 32;
@@ -138,12 +138,7 @@ struct SelectScratch {
         continue;
       }
       const int32_t run = offered;
-      const float threshold = values[worst];
-      if (!any_greater(values + run, threshold)) {
-        offered += static_cast<int32_t>(kRejectRun);
-        continue;
-      }
-      for (uint32_t greater = greater_mask(values + run, threshold); greater != 0; greater &= greater - 1) {
+      for (uint32_t greater = greater_mask(values + run, values[worst]); greater != 0; greater &= greater - 1) {
         offered = run + std::countr_zero(greater);
         offer(values);
       }
@@ -151,20 +146,8 @@ struct SelectScratch {
     }
   }
 
-  // Whether any run[j] > threshold, and whether any run[j] >= floor (ordered: never for NaN): an int
-  // reduction, not a bool, so that GCC vectorizes it on every instruction set; the masks below
-  // (compare_mask32) run only for the few runs these let through.
-  static bool any_greater(const float* run, float threshold) {
-    int greater = 0;
-    for (int64_t j = 0; j < kRejectRun; ++j) greater |= run[j] > threshold;
-    return greater != 0;
-  }
-  static bool any_at_least(const float* run, float floor) {
-    int at_least = 0;
-    for (int64_t j = 0; j < kRejectRun; ++j) at_least |= run[j] >= floor;
-    return at_least != 0;
-  }
-  // Bit j set where run[j] > threshold, and where run[j] >= floor (ordered: never for NaN).
+  // Bit j set where run[j] > threshold, and where run[j] >= floor (ordered: never for NaN); a run
+  // none passes costs eight compares.
   static_assert(kRejectRun == 32, "a run's mask is one 32-bit word");
   static uint32_t greater_mask(const float* run, float threshold) { return compare_mask32<true>(run, threshold); }
   static uint32_t at_least_mask(const float* run, float floor) { return compare_mask32<false>(run, floor); }
@@ -193,7 +176,6 @@ struct SelectScratch {
     if (!(floor > -std::numeric_limits<float>::infinity())) return;
     const int32_t end = static_cast<int32_t>(rows * sets / kRejectRun * kRejectRun);
     for (int32_t run = 0; run < end; run += static_cast<int32_t>(kRejectRun)) {
-      if (!any_at_least(values + run, floor)) continue;
       for (uint32_t at_least = at_least_mask(values + run, floor); at_least != 0; at_least &= at_least - 1) {
         const int32_t m = run + std::countr_zero(at_least);
         if (!taken[m]) best.push_back(rank_key(values, m));
