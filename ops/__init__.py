@@ -13,13 +13,16 @@ LIBRARY_FILE = "libquest_ort_ops.so"
 
 def get_library_path() -> str:
     """Absolute path of the custom-op library, for `SessionOptions.register_custom_ops_library`."""
-    path = pathlib.Path(__file__).resolve().with_name(LIBRARY_FILE)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} is missing: quest_ort was not built. Install it with `pip install .` "
-            "(or `make install`) from the source tree."
-        )
-    return str(path)
+    # Every folder of this package: an editable install (`pip install -e .`) keeps the Python files
+    # in the source tree and the built library in site-packages, both on __path__.
+    folders = [pathlib.Path(folder).resolve() for folder in __path__]
+    for folder in folders:
+        if (folder / LIBRARY_FILE).is_file():
+            return str(folder / LIBRARY_FILE)
+    raise FileNotFoundError(
+        f"{LIBRARY_FILE} is in none of {[str(f) for f in folders]}: quest_ort was not built. Install "
+        "it with `pip install .` or `pip install -e .` (or `make install`) from the source tree."
+    )
 
 
 @functools.cache

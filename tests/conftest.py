@@ -1,20 +1,16 @@
-"""Test set-up: the tests exercise the installed package (with its built library), never the sources."""
+"""Test set-up: the tests exercise the installed package (regular or editable) with its built library."""
 
 from __future__ import annotations
 
 import os
-import pathlib
 import subprocess
 
 import quest_ort
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-if pathlib.Path(quest_ort.__file__).resolve().parent == REPO / "quest_ort":
-    raise RuntimeError(
-        "quest_ort was imported from the source tree, which holds no built library; "
-        "run the tests with `make test` (it installs the package into .venv first)"
-    )
+try:
+    quest_ort.get_library_path()
+except FileNotFoundError as missing:
+    raise RuntimeError(f"{missing}\nRun the tests with `make test` (it installs the package into .venv first)")
 
 # make test-sanitize sets this: the run must really use the ASan+UBSan build of the library.
 if os.environ.get("QUEST_ORT_EXPECT_SANITIZED"):

@@ -1,5 +1,8 @@
 """quest_ort: Quest query-aware block-sparse attention as ONNX Runtime custom operators.
 
+The repository root is this package (docs/architecture.md); CMakeLists.txt installs this file as
+quest_ort/__init__.py, so an edit here needs a reinstall even in an editable install.
+
 Subpackages: `ops` (schemas, NumPy references, the native op library), `graphs` (standard-op
 function bodies and graph builders), `export` (model rewriting), `runtime` (sessions).
 """
