@@ -72,7 +72,7 @@ def fill(model, cache, context: int, rng) -> None:
         if layer.past_block_max is None:  # a dense layer
             continue
         high, low = cache.buffers[layer.past_block_max], cache.buffers[layer.past_block_min]
-        bounds = block_bounds(cache.buffers[layer.past_key], context, model.sidecar.block_size, high.dtype)
+        bounds = block_bounds(cache.buffers[layer.past_key], context, model.sidecar.settings.block_size, high.dtype)
         blocks = bounds[0].shape[-2]
         high[:, :, :blocks], low[:, :, :blocks] = bounds
     cache.lengths[:] = context
@@ -181,7 +181,7 @@ def main(argv=None):
     folders = ensure_models()
     quest = QuestModel(folders["quest"], threads=args.threads)
     gqa = QuestModel(folders["gqa"], threads=args.threads)
-    settings = quest.sidecar
+    settings = quest.sidecar.settings
     label = f"Quest K={settings.top_k} P={settings.block_size} {settings.group_reduce}"
     cache = quest.new_cache(1, CAPACITY)
     gqa_cache = gqa.new_cache(1, CAPACITY)

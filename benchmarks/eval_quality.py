@@ -153,12 +153,12 @@ class Suite:
 
     def _export(self, source, label: str, settings, reuse: bool) -> pathlib.Path:
         from quest_ort.export.pipeline import export_sparse
-        from quest_ort.export.sidecar import Sidecar
+        from quest_ort.model_folder.sidecar import Sidecar
 
         folder = self.work / label
         if reuse and (folder / "quest_model.json").is_file():
             sidecar = Sidecar.read(folder)
-            if sidecar.capacity >= self.capacity and sidecar.block_size == settings.block_size:
+            if sidecar.capacity >= self.capacity and sidecar.settings.block_size == settings.block_size:
                 self.clock.log(f"{self.name}: reusing {folder}")
                 return folder
         begin = time.time()
@@ -236,7 +236,7 @@ def run_pass_key(suite: Suite, configs: list[qr.Config], prompts: list[Prompt], 
     shared_default = suite.variant(default)
     analysis = {config: suite.variant(config, analysis=True) for config in configs} if recall else {}
     s = suite.sidecar
-    bytes_per_token = len(s.layers) * 2 * s.kv_num_heads * s.head_dim * np.dtype(s.kv_dtype).itemsize
+    bytes_per_token = len(s.layers) * 2 * s.geometry.kv_num_heads * s.geometry.head_dim * np.dtype(s.settings.kv_dtype).itemsize
     rows, checks = [], dict(generator_agrees=0, shared_weights_agree=0, prompts=0)
     tokenizer = suite.tokenizer
     for batch in batches(prompts, bytes_per_token, memory):
@@ -266,8 +266,8 @@ def run_pass_key(suite: Suite, configs: list[qr.Config], prompts: list[Prompt], 
                 shares = reads = [None] * len(batch)
                 if recall:
                     layers = qr.analysis_step(analysis[config], snapshot.restore(), first)
-                    shares = qr.attention_recall(layers, s.kv_num_heads)
-                    reads = qr.tokens_read(layers, s.kv_num_heads, P, config.budget)
+                    shares = qr.attention_recall(layers, s.geometry.kv_num_heads)
+                    reads = qr.tokens_read(layers, s.geometry.kv_num_heads, P, config.budget)
                 answers = qr.greedy_steps(models[config], snapshot.restore(), first, ANSWER_TOKENS)
                 for row, prompt in enumerate(batch):
                     extra = {}
@@ -361,8 +361,8 @@ def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:
     clock.phase("perplexity", time.time() - started)
     s = suite.sidecar
     return dict(
-        model=shipped.title, family=shipped.family, layers=s.num_layers, heads=s.num_heads,
-        kv_heads=s.kv_num_heads, head_dim=s.head_dim, dense_layers=s.dense_layers, kv_dtype=s.kv_dtype,
+        model=shipped.title, family=shipped.family, layers=s.geometry.num_layers, heads=s.geometry.num_heads,
+        kv_heads=s.geometry.kv_num_heads, head_dim=s.geometry.head_dim, dense_layers=list(s.settings.dense_layers), kv_dtype=s.settings.kv_dtype,
         bounds_dtype=s.bounds_dtype, default=default.name, default_settings=dataclasses.asdict(settings),
         old_default=OLD_DEFAULT.name, budgets=sorted({c.budget for c in configs}),
         perplexity_budgets=sorted({c.budget for c in perplexity_configs}), lengths=plan.lengths,

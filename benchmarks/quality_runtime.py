@@ -150,12 +150,12 @@ def check_block_bounds(model, cache: KVCache) -> None:
             continue
         for row, length in enumerate(cache.lengths.tolist()):
             stored_max, stored_min = cache.buffers[layer.past_block_max][row], cache.buffers[layer.past_block_min][row]
-            high, low = block_bounds(cache.buffers[layer.past_key][row], length, model.sidecar.block_size,
+            high, low = block_bounds(cache.buffers[layer.past_key][row], length, model.sidecar.settings.block_size,
                                      stored_max.dtype)
             blocks = high.shape[-2]
             if not (same_bits(high, stored_max[:, :blocks]) and same_bits(low, stored_min[:, :blocks])):
                 raise AssertionError(f"recomputed block bounds differ from {layer.past_block_max} (row {row}, "
-                                     f"{length} tokens, P={model.sidecar.block_size}) that QuestMetadata built")
+                                     f"{length} tokens, P={model.sidecar.settings.block_size}) that QuestMetadata built")
 
 
 def sharing_cache(model, source: KVCache) -> KVCache:
@@ -164,15 +164,15 @@ def sharing_cache(model, source: KVCache) -> KVCache:
     after each row's length, so caches sharing them stay valid as long as each restores its own
     lengths and bounds (Snapshot) before it steps."""
     s = model.sidecar
-    bounds_dtype = np.dtype(s.bounds_dtype or s.kv_dtype)
-    blocks = -(-source.capacity // s.block_size)
+    bounds_dtype = np.dtype(s.bounds_dtype)
+    blocks = -(-source.capacity // s.settings.block_size)
     buffers = {}
     for layer in s.layers:
         for name in (layer.past_key, layer.past_value):
             buffers[name] = source.buffers[name]
         if layer.sparse:
             for name in (layer.past_block_max, layer.past_block_min):
-                buffers[name] = cache_buffer((source.batch, s.kv_num_heads, blocks, s.head_dim), bounds_dtype)
+                buffers[name] = cache_buffer((source.batch, s.geometry.kv_num_heads, blocks, s.geometry.head_dim), bounds_dtype)
         if layer.past_block_importance:
             raise ValueError(f"{model.directory}: the evaluation runs bound-score exports without block importance")
     values = {name: source.values[name] if array is source.buffers.get(name) else ort.OrtValue.ortvalue_from_numpy(array)
@@ -188,7 +188,7 @@ def rebuild_bounds(model, cache: KVCache) -> None:
             continue
         stored_max, stored_min = cache.buffers[layer.past_block_max], cache.buffers[layer.past_block_min]
         for row, length in enumerate(cache.lengths.tolist()):
-            high, low = block_bounds(cache.buffers[layer.past_key][row], length, model.sidecar.block_size,
+            high, low = block_bounds(cache.buffers[layer.past_key][row], length, model.sidecar.settings.block_size,
                                      stored_max.dtype)
             stored_max[row, :, : high.shape[-2]] = high
             stored_min[row, :, : low.shape[-2]] = low

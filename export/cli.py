@@ -10,10 +10,10 @@ import argparse
 import pathlib
 import sys
 
-from ..ops.schemas import SPARSE_BLOCK_SELECT
+from ..model_folder.settings import attribute_range_problem
+from ..ops.schemas import INT32_MAX, SPARSE_BLOCK_SELECT
 from .families import FAMILIES
 from .rewrite import ExportError, SparseSettings
-from .rewrite.context import INT32_MAX, attribute_range_problem
 
 _DEFAULT = SparseSettings(top_k=1)  # the option defaults are the settings' own (one source of truth)
 

@@ -15,7 +15,7 @@ import time
 
 from .families import FAMILIES, build_default_model, load_checkpoint, read_config
 from .rewrite import ExportError, Geometry, SparseSettings, rewrite_attention
-from .sidecar import SIDECAR_NAME, Sidecar
+from ..model_folder.sidecar import SIDECAR_NAME, Sidecar
 from .validate import validate_export
 
 MODEL_FILE = "model.quest.onnx"
@@ -61,16 +61,14 @@ def _fit_dense_layers(settings: SparseSettings, geometry: Geometry) -> SparseSet
     kept = tuple(layer for layer in settings.dense_layers if layer < geometry.num_layers)
     return dataclasses.replace(settings, dense_layers=kept)
 
-def _geometry(config: dict):
-    import onnx_ir as ir
-
+def _geometry(config: dict) -> Geometry:
     heads = config["num_attention_heads"]
     return Geometry(
         num_layers=config["num_hidden_layers"],
         num_heads=heads,
         kv_num_heads=config.get("num_key_value_heads", heads),
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        activation_dtype=ir.DataType.FLOAT,
+        activation_dtype="float32",  # optimum exports float32 graphs
     )
 
 
@@ -116,7 +114,7 @@ def export_sparse(
     """Export `family` (the embedded default, or `model`) with its attention rewritten to Quest ops."""
     import onnx_ir as ir
 
-    from .safety import check_external_data
+    from ..model_folder.safety import check_external_data
 
     if family not in FAMILIES:
         raise ExportError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
@@ -180,19 +178,17 @@ def _save(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, sett
         resolve_cast_like(graph_only, value_types(staged / MODEL_FILE))
         onnx.save(graph_only, str(staged / MODEL_FILE))  # the data file stays as written
     check_model_path(staged / MODEL_FILE)
+    bounds = _bounds_dtype(onnx_model)
     sidecar = Sidecar(
-        model_file=MODEL_FILE, family=family, source=source, num_layers=geometry.num_layers,
-        num_heads=geometry.num_heads, kv_num_heads=geometry.kv_num_heads, head_dim=geometry.head_dim,
-        vocab_size=vocab, activation_dtype="float32", kv_dtype=settings.kv_dtype or "float32",
-        capacity=capacity, block_size=settings.block_size, top_k=settings.top_k,
-        sink_blocks=settings.sink_blocks, recent_blocks=settings.recent_blocks, group_reduce=settings.group_reduce,
-        importance_fraction=settings.importance_fraction, sparse_layers=counts["sparse_layers"],
-        dense_layers=counts["dense_layers"],
+        model_file=MODEL_FILE, family=family, source=source, geometry=geometry,
+        # as exported: the cache and bound dtypes resolved, the dense layers those the model has
+        settings=dataclasses.replace(settings, kv_dtype=settings.kv_dtype or geometry.activation_dtype,
+                                     bounds_dtype=bounds, dense_layers=tuple(counts["dense_layers"]),
+                                     track_importance=None),
+        vocab_size=vocab, capacity=capacity, sparse_layers=counts["sparse_layers"],
         layers=[Sidecar.layer_io(layer, layer in counts["sparse_layers"], settings.importance)
                 for layer in range(geometry.num_layers)],
-        eos_token_ids=eos, attention=settings.attention, score=settings.score, num_probes=settings.num_probes,
-        portable=settings.portable,
-        bounds_dtype=_bounds_dtype(onnx_model),
+        eos_token_ids=eos,
         inputs={name: name for name in ("input_ids", "past_lens", "total_lens", "exact_lens")
                 if any(value.name == name for value in onnx_model.graph.inputs)},
         exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "input_kind": counts["kind"],
@@ -263,7 +259,7 @@ def rewrite_onnx(
     import onnx_ir as ir
 
     from .rewrite import geometry_from_graph
-    from .safety import check_external_data
+    from ..model_folder.safety import check_external_data
 
     model_path = pathlib.Path(model_path)
     if not model_path.is_file():

@@ -87,10 +87,10 @@ def validate_export(source: pathlib.Path, staged: pathlib.Path) -> float:
 
     quest = QuestModel(staged, threads=1)
     sidecar = quest.sidecar
-    sparse = sidecar.attention == "quest" and sidecar.sparse_layers
+    sparse = sidecar.settings.attention == "quest" and sidecar.sparse_layers
     capacity = sidecar.capacity
-    covered = sidecar.top_k * sidecar.block_size if sparse else capacity
-    tolerance = 2e-2 if sidecar.kv_dtype == "float16" else 1e-3
+    covered = sidecar.settings.top_k * sidecar.settings.block_size if sparse else capacity
+    tolerance = 2e-2 if sidecar.settings.kv_dtype == "float16" else 1e-3
     source_runner = SourceRunner(source)
     rng = np.random.default_rng(0)
     worst = 0.0

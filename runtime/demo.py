@@ -40,10 +40,10 @@ def _export(family: str, attention: str, folder: pathlib.Path, model: str | None
 
 def _describe(model: QuestModel) -> None:
     s = model.sidecar
-    print(f"\nkernels: {native_kernel_isa()}; {s.num_layers} layers (sparse {len(s.sparse_layers)}, dense "
-          f"{s.dense_layers}), H={s.num_heads} N={s.kv_num_heads} D={s.head_dim}; blocks of P={s.block_size} "
-          f"tokens, K={s.top_k} per {'query head' if s.group_reduce == 'none' else 'KV head'} "
-          f"({s.top_k * s.block_size} tokens), sink {s.sink_blocks} and recent {s.recent_blocks} blocks, "
+    print(f"\nkernels: {native_kernel_isa()}; {s.geometry.num_layers} layers (sparse {len(s.sparse_layers)}, dense "
+          f"{list(s.settings.dense_layers)}), H={s.geometry.num_heads} N={s.geometry.kv_num_heads} D={s.geometry.head_dim}; blocks of P={s.settings.block_size} "
+          f"tokens, K={s.settings.top_k} per {'query head' if s.settings.group_reduce == 'none' else 'KV head'} "
+          f"({s.settings.top_k * s.settings.block_size} tokens), sink {s.settings.sink_blocks} and recent {s.settings.recent_blocks} blocks, "
           f"{s.bounds_dtype} bounds")
 
 
@@ -91,7 +91,7 @@ def smollm2_demo(context: int, threads: int | None) -> bool:
     key = "68417"
     prompt = pass_key_prompt(tokenizer, key, context)
     print(f"\n1) SmolLM2-135M-Instruct, pass key {key} at half depth of a {len(prompt)}-token chat prompt "
-          f"(the budget is {quest.sidecar.top_k * quest.sidecar.block_size} tokens)")
+          f"(the budget is {quest.sidecar.settings.top_k * quest.sidecar.settings.block_size} tokens)")
     comparison = compare(quest, dense, [prompt], Sampling(max_new_tokens=24, stop_tokens=tuple(quest.sidecar.eos_token_ids)))
     answers = {name: tokenizer.decode(run.tokens[0], skip_special_tokens=True).strip()
                for name, run in (("quest", comparison.sparse), ("dense (GQA)", comparison.dense))}

@@ -19,11 +19,12 @@ import pathlib
 import numpy as np
 import onnxruntime as ort
 
-from ..export.safety import check_external_data, load_model_file
-from ..export.sidecar import SIDECAR_NAME, Sidecar
+from ..model_folder.cache import LayerCaches, cache_layout
+from ..model_folder.folder_check import check_sidecar_against_graph
+from ..model_folder.safety import check_external_data, load_model_file
+from ..model_folder.sidecar import SIDECAR_NAME, Sidecar
 from .binding import InPlaceStep
 from .buffers import cache_buffer
-from .folder_check import check_sidecar_against_graph
 from .inputs import integer, step_arguments
 from .sessions import make_session
 
@@ -37,12 +38,25 @@ class CapacityError(ValueError):
 
 @dataclasses.dataclass
 class KVCache:
-    """The caches of one batch: per layer key/value [B,N,C,D] and, for sparse layers, block max/min."""
+    """The caches of one batch: per layer key/value [B,N,C,D] and, for sparse layers, block max/min
+    (model_folder/cache.py). `cache.layers[l].key`, `.value`, `.block_max`, `.block_min`,
+    `.block_importance` are layer l's arrays; `buffers` holds the same arrays by graph input name."""
 
     capacity: int
     lengths: np.ndarray  # [B] int32: tokens cached per row
+    layers: tuple[LayerCaches[np.ndarray], ...]
     buffers: dict[str, np.ndarray]  # past input name -> its array (the OrtValue below wraps it)
     values: dict[str, ort.OrtValue]
+
+    @classmethod
+    def of(cls, capacity: int, lengths: np.ndarray, layers, names, values: dict | None = None) -> KVCache:
+        """The cache holding `layers` (LayerCaches of arrays) fed as `names` (LayerCaches of input
+        names, layer by layer); `values`: OrtValues that already wrap some of the arrays."""
+        buffers = {name: array for arrays, named in zip(layers, names)
+                   for (_, array), (_, name) in zip(arrays.items(), named.items(), strict=True)}
+        values = {name: (values or {}).get(name) or ort.OrtValue.ortvalue_from_numpy(array)
+                  for name, array in buffers.items()}
+        return cls(capacity, lengths, tuple(layers), buffers, values)
 
     @property
     def batch(self) -> int:
@@ -52,9 +66,9 @@ class KVCache:
         """Forget every row's tokens (the buffers stay allocated; stale content is never read,
         except the accumulated block importance, which starts again from zero)."""
         self.lengths[:] = 0
-        for name, array in self.buffers.items():
-            if name.startswith("past_block_importance."):
-                array.fill(0.0)
+        for layer in self.layers:
+            if layer.block_importance is not None:
+                layer.block_importance.fill(0.0)
 
 
 class QuestModel:
@@ -74,7 +88,7 @@ class QuestModel:
                                     variant=model_file not in (None, self.sidecar.model_file))
         del graph  # the session reads the file itself
         self.session = make_session(str(model_path), threads=threads, providers=providers, initializers=initializers,
-                                    register_library=not self.sidecar.portable)
+                                    register_library=not self.sidecar.settings.portable)
         self._initializers = initializers  # ONNX Runtime only borrows them: they must outlive the session
         aliases = {}
         for layer in self.sidecar.layers:
@@ -87,15 +101,8 @@ class QuestModel:
                 aliases[layer.present_block_importance] = layer.past_block_importance
         # A portable graph's standard ops may read a cache after writing their output, so its presents
         # are not bound in place: they come back as arrays and are copied into the caches.
-        self._copy_back = aliases if self.sidecar.portable else {}
-        self._step = InPlaceStep(self.session, {} if self.sidecar.portable else aliases)
-        self._kv_dtype = np.dtype(self.sidecar.kv_dtype)
-        self._bounds_dtype = np.dtype(self.sidecar.bounds_dtype or self.sidecar.kv_dtype)
-        # What a failed step must put back (see _accumulated_state).
-        self._metadata_names = [name for layer in self.sidecar.layers if layer.sparse
-                                for name in (layer.past_block_max, layer.past_block_min)]
-        self._importance_names = [layer.past_block_importance for layer in self.sidecar.layers
-                                  if layer.past_block_importance]
+        self._copy_back = aliases if self.sidecar.settings.portable else {}
+        self._step = InPlaceStep(self.session, {} if self.sidecar.settings.portable else aliases)
         self._cache_names = set(aliases.values())
         logits = next(o for o in self.session.get_outputs() if o.name == self.sidecar.outputs["logits"])
         if logits.type not in _LOGITS_TYPES:
@@ -109,27 +116,18 @@ class QuestModel:
     def prefill_chunk(self, batch: int, preferred: int) -> int:
         """Positions per prefill step: `preferred`, except for the GroupQueryAttention baseline,
         which cannot continue a prompt of several rows (ONNX Runtime needs batch 1 for that)."""
-        if self.sidecar.attention == "gqa" and batch > 1:
+        if self.sidecar.settings.attention == "gqa" and batch > 1:
             return 2**31 - 1
         return preferred
 
     def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
         """Allocate every cache of a batch once, at `capacity` tokens (default: the sidecar's)."""
-        s = self.sidecar
         batch = integer(batch, "batch", 1)
-        capacity = s.capacity if capacity is None else integer(capacity, "capacity", 1)
-        blocks = -(-capacity // s.block_size)
-        buffers = {}
-        for layer in s.layers:
-            for name in (layer.past_key, layer.past_value):
-                buffers[name] = cache_buffer((batch, s.kv_num_heads, capacity, s.head_dim), self._kv_dtype)
-            if layer.sparse:
-                for name in (layer.past_block_max, layer.past_block_min):
-                    buffers[name] = cache_buffer((batch, s.kv_num_heads, blocks, s.head_dim), self._bounds_dtype)
-            if layer.past_block_importance:
-                buffers[layer.past_block_importance] = cache_buffer((batch, s.kv_num_heads, blocks), np.float32)
-        values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in buffers.items()}
-        return KVCache(capacity, np.zeros(batch, np.int32), buffers, values)
+        capacity = self.sidecar.capacity if capacity is None else integer(capacity, "capacity", 1)
+        layout = cache_layout(self.sidecar, batch, capacity)
+        layers = [layer.map(lambda spec: cache_buffer(spec.shape, spec.dtype)) for layer in layout]
+        return KVCache.of(capacity, np.zeros(batch, np.int32), layers, [layer.map(lambda spec: spec.name)
+                                                                          for layer in layout])
 
     @property
     def selects_per_step(self) -> bool:
@@ -165,7 +163,7 @@ class QuestModel:
                 f"row {row} holds {int(cache.lengths[row])} tokens and a step of {new_tokens} positions (padding "
                 f"included) would pass the cache capacity {cache.capacity}; nothing was written")
         names = self.sidecar.inputs
-        if exact and self.sidecar.attention == "quest" and self.sidecar.sparse_layers and not self.selects_per_step:
+        if exact and self.sidecar.settings.attention == "quest" and self.sidecar.sparse_layers and not self.selects_per_step:
             raise ValueError(f"{self.directory} was exported before exact prefill (its graph has no exact_lens "
                              "input): export it again, or prefill sparsely (prefill='sparse')")
         feeds = {names["input_ids"]: input_ids, names["past_lens"]: cache.lengths.copy(),
@@ -180,29 +178,30 @@ class QuestModel:
         try:
             outputs = self._step.run(feeds, into={logits_name: np.empty(logits_shape, self._logits_dtype)})
         except BaseException:
-            self._restore(cache, saved)
+            self._restore(saved)
             raise
         for present, past in self._copy_back.items():
             cache.buffers[past][...] = outputs[present]
         cache.lengths[:] = total
         return outputs[logits_name]
 
-    def _accumulated_state(self, cache: KVCache) -> dict:
-        """What a step changes that earlier steps built on: each row's partly filled metadata block
-        (the step folds its keys into it) and the accumulated block importance. Key and value slots
-        past `lengths` hold nothing valid, so a failed step leaves them harmless."""
-        block = cache.lengths // self.sidecar.block_size
-        rows = np.arange(cache.batch)
-        metadata = {name: cache.buffers[name][rows, :, np.minimum(block, cache.buffers[name].shape[2] - 1)].copy()
-                    for name in self._metadata_names}
-        importance = {name: cache.buffers[name].copy() for name in self._importance_names}
-        return {"metadata": metadata, "importance": importance}
+    def _accumulated_state(self, cache: KVCache) -> list:
+        """What a step changes that earlier steps built on, as (array, index, saved values): each
+        row's partly filled metadata block (the step folds its keys into it) and the accumulated
+        block importance. Key and value slots past `lengths` hold nothing valid, so a failed step
+        leaves them harmless."""
+        block = cache.lengths // self.sidecar.settings.block_size
+        saved = []
+        for layer in cache.layers:
+            for bounds in (layer.block_max, layer.block_min):
+                if bounds is not None:
+                    index = (np.arange(cache.batch), slice(None), np.minimum(block, bounds.shape[2] - 1))
+                    saved.append((bounds, index, bounds[index].copy()))
+            if layer.block_importance is not None:
+                saved.append((layer.block_importance, ..., layer.block_importance.copy()))
+        return saved
 
-    def _restore(self, cache: KVCache, saved: dict) -> None:
-        block = cache.lengths // self.sidecar.block_size
-        rows = np.arange(cache.batch)
-        for name, values in saved["metadata"].items():
-            array = cache.buffers[name]
-            array[rows, :, np.minimum(block, array.shape[2] - 1)] = values
-        for name, values in saved["importance"].items():
-            cache.buffers[name][...] = values
+    @staticmethod
+    def _restore(saved: list) -> None:
+        for array, index, values in saved:
+            array[index] = values

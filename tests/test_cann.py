@@ -199,7 +199,7 @@ def test_a_portable_export_runs_without_the_library_and_matches_the_native_ops(t
     assert ops_outside_cann_graph_mode(graph) == []
     assert all(opset.domain in ("", "ai.onnx") for opset in graph.opset_import)
     portable = QuestModel(tmp_path / "portable", threads=1)
-    assert portable.sidecar.portable
+    assert portable.sidecar.settings.portable
     native = QuestModel(quest_export("qwen3", top_k=3, kv_dtype="float16", group_reduce="none"), threads=1)
     prompt = np.random.default_rng(3).integers(0, 256, 90).tolist()  # 6 blocks: the budget of 3 selects
     tokens, logits = greedy(portable, [prompt], 8, return_logits=True)

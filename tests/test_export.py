@@ -77,13 +77,13 @@ def _with_select_outputs(path) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("family, group_reduce", [(family, "mean") for family in FAMILIES] + [("qwen3", "none")])
 def test_small_budget_selects_what_the_reference_selects(family, group_reduce):
-    from quest_ort.export.sidecar import Sidecar
+    from quest_ort.model_folder.sidecar import Sidecar
     from quest_ort.runtime.binding import InPlaceStep
     from quest_ort.runtime.sessions import make_session
 
     folder = quest_export(family, top_k=3, block_size=16, dense_layers=(0,), group_reduce=group_reduce)
     sidecar = Sidecar.read(folder)
-    assert sidecar.group_reduce == group_reduce
+    assert sidecar.settings.group_reduce == group_reduce
     model = QuestModel(folder, threads=1)
     probe = make_session(_with_select_outputs(folder), threads=1)
     model._step = InPlaceStep(probe, model._step.aliases)  # same I/O, extra outputs
@@ -160,7 +160,7 @@ def test_exact_prefill_matches_optimum_past_the_budget_and_decode_selects(family
 def test_float16_kv_stays_close_to_float32(family):
     tiny = tiny_model(family)
     model = QuestModel(quest_export(family, top_k=64, kv_dtype="float16"), threads=1)
-    assert model.sidecar.kv_dtype == "float16"
+    assert model.sidecar.settings.kv_dtype == "float16"
     _decode_against_optimum(model, tiny, _prompt(5), np.float16, "float16-KV")
 
 
@@ -208,7 +208,7 @@ def test_policy_exports_match_optimum_when_the_budget_covers(score, importance_f
     folder = quest_export("qwen3", top_k=64, score=score, importance_fraction=importance_fraction,
                           group_reduce=group_reduce)
     model = QuestModel(folder, threads=1)
-    assert (model.sidecar.score, model.sidecar.importance_fraction) == (score, importance_fraction)
+    assert (model.sidecar.settings.score, model.sidecar.settings.importance_fraction) == (score, importance_fraction)
     _decode_against_optimum(model, tiny, _prompt(7), np.float32,
                             f"{score}/importance {importance_fraction}/{group_reduce}")
 

@@ -12,7 +12,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from quest_ort.export.families import FAMILIES
-from quest_ort.export.safety import UnsafeModelError, check_external_data
+from quest_ort.model_folder.safety import UnsafeModelError, check_external_data
 
 
 def _model_with_external(folder: pathlib.Path, location: str) -> pathlib.Path:

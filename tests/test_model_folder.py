@@ -16,7 +16,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from export_models import quest_export, tiny_model
-from quest_ort.export.safety import UnsafeModelError, check_external_data
+from quest_ort.model_folder.safety import UnsafeModelError, check_external_data
 from quest_ort.runtime.generate import Generator, Sampling
 from quest_ort.runtime.model import QuestModel
 
@@ -224,7 +224,7 @@ def test_a_variant_graph_may_change_the_selection_but_not_the_caches(tmp_path):
     model = onnx.load(str(folder / GRAPH), load_external_data=False)
     _attribute(model, "SparseBlockSelect", "top_k", 2)
     onnx.save(model, str(folder / "model.k2.onnx"))
-    assert QuestModel(folder, threads=1, model_file="model.k2.onnx").sidecar.top_k == 4
+    assert QuestModel(folder, threads=1, model_file="model.k2.onnx").sidecar.settings.top_k == 4
     _attribute(model, "QuestMetadata", "block_size", 8)
     onnx.save(model, str(folder / "model.p8.onnx"))
     with pytest.raises(ValueError, match="block_size"):

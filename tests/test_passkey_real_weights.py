@@ -42,7 +42,7 @@ def exported(tmp_path_factory):
 
 def _dense_reference(folder: pathlib.Path) -> QuestModel:
     """The same graph with a budget covering every block: exactly dense by contract."""
-    block_size = QuestModel(folder).sidecar.block_size
+    block_size = QuestModel(folder).sidecar.settings.block_size
     return QuestModel(folder, model_file=quality_runtime.write_variant(folder, "dense", top_k=-(-CAPACITY // block_size)))
 
 
@@ -50,7 +50,7 @@ def _dense_reference(folder: pathlib.Path) -> QuestModel:
 def test_a_2k_token_prompt_gives_back_its_pass_key(exported, reference):
     folder, tokenizer, key, prompt = exported
     model = QuestModel(folder) if reference == "default export" else _dense_reference(folder)
-    budget = model.sidecar.top_k * model.sidecar.block_size
+    budget = model.sidecar.settings.top_k * model.sidecar.settings.block_size
     assert len(prompt) > budget, "the prompt must be longer than the default budget, or nothing is selected"
     answer = tokenizer.decode(Generator(model).generate([prompt], Sampling(max_new_tokens=ANSWER_TOKENS))[0],
                               skip_special_tokens=True)

@@ -188,7 +188,7 @@ def test_default_model_agrees_with_its_dense_baseline_over_64_tokens(tmp_path):
                       capacity=1024, log=lambda *a, **k: None)
     quest, dense = QuestModel(folders["quest"]), QuestModel(folders["gqa"])
     assert quest.sidecar.sparse_layers == [2, 3, 4, 5, 6, 7]
-    budget = quest.sidecar.top_k * quest.sidecar.block_size
+    budget = quest.sidecar.settings.top_k * quest.sidecar.settings.block_size
     prompt = np.random.default_rng(13).integers(0, quest.sidecar.vocab_size, budget - 64).tolist()
     comparison = compare(quest, dense, [prompt], Sampling(max_new_tokens=64))
     assert comparison.identical, f"{comparison.matching_fraction:.0%} identical"

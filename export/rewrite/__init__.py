@@ -15,7 +15,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchingTracer
 
 from .attention23 import OnnxAttention
-from .context import Geometry, RewriteContext, SparseSettings
+from .context import IR_TYPES, Geometry, RewriteContext, SparseSettings
 from .genai_gqa import GenaiGroupQueryAttention
 from .layers import LayerSlot, detect_kind, find_layers
 from .model_io import ExportError, finish_io, positions_from_past_lens
@@ -58,7 +58,11 @@ def geometry_from_graph(model: ir.Model, inferred: bool = False) -> Geometry:
             return geometry_from_graph(model, inferred=True)
         raise ExportError("cannot tell the number of query heads from the attention nodes")
     dtype = slots[0].past_key.type.dtype if slots[0].past_key.type is not None else ir.DataType.FLOAT
-    return Geometry(len(slots), heads, kv_heads, head_dim, dtype)
+    names = {ir_type: name for name, ir_type in IR_TYPES.items()}
+    if dtype not in names:
+        raise ExportError(f"cache input {slots[0].past_key.name!r} holds {dtype.name.lower()}; the Quest ops take "
+                          f"{' or '.join(names.values())}")
+    return Geometry(len(slots), heads, kv_heads, head_dim, names[dtype])
 
 
 def _unmatched_reason(model: ir.Model, rule, slot: LayerSlot) -> str:

@@ -1,71 +1,16 @@
-"""What every attention rewrite rule shares: the sparse settings, the new model inputs, the per-layer
-emitter of Quest nodes, and the record of why layers failed to match."""
+"""What every attention rewrite rule shares: the new model inputs, the per-layer emitter of Quest
+nodes, and the record of why layers failed to match (the settings: model_folder/settings.py)."""
 
 from __future__ import annotations
 
 import collections
-import dataclasses
-import math
 
 import onnx_ir as ir
 
-from ...ops.schemas import DOMAIN, INT32_MAX, SPARSE_BLOCK_SELECT
+from ...model_folder.settings import Geometry, SparseSettings
+from ...ops.schemas import DOMAIN, INT32_MAX
 
-# The settings that become SparseBlockSelect attributes (same names): their ranges are the op schema's,
-# and an int attribute must fit in int32, so a bad value is refused here rather than by the checker.
-ATTRIBUTE_SETTINGS = ("top_k", "block_size", "sink_blocks", "recent_blocks", "importance_fraction", "num_probes")
-
-
-def attribute_range_problem(name: str, value) -> str | None:
-    """Why `value` is out of range for SparseBlockSelect's attribute `name`, or None."""
-    return SPARSE_BLOCK_SELECT.attribute(name).range_problem(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class SparseSettings:
-    top_k: int
-    # The defaults keep the answers (docs/quality.md, measured through Generator on SmolLM2):
-    # blocks of 8 tokens, every query head selecting its own K of them.
-    block_size: int = 8
-    sink_blocks: int = 1
-    recent_blocks: int = 1
-    group_reduce: str = "none"
-    importance_fraction: float = 0.0
-    dense_layers: tuple[int, ...] = (0, 1)
-    kv_dtype: str | None = None  # None: the model's activation dtype
-    # The block bounds' dtype. None: float16 (half the bytes a decode step's selection reads; keys
-    # round outward into them), except with score="probe", whose select reads the key cache and
-    # the bounds as one type: then the cache's.
-    bounds_dtype: str | None = None
-    # "quest": the Quest ops; "gqa": the dense baseline, com.microsoft.GroupQueryAttention over the
-    # same in-place caches and model I/O (for side-by-side comparisons in one runtime)
-    attention: str = "quest"
-    # Write every Quest node as its standard-op body: a graph of standard ops only (graphs/portable.py)
-    portable: bool = False
-    score: str = "bound"  # SparseBlockSelect's policy: "bound" or "probe" (then reads the key cache)
-    num_probes: int = 8
-    # Carry every layer's accumulated attention mass per block (past/present_block_importance.l)
-    # into SparseBlockSelect; on by default when importance_fraction > 0.
-    track_importance: bool | None = None
-
-    def __post_init__(self):
-        for name in ATTRIBUTE_SETTINGS:
-            problem = attribute_range_problem(name, getattr(self, name))
-            if problem:
-                raise ValueError(f"{name} {problem}")
-
-    @property
-    def importance(self) -> bool:
-        return self.importance_fraction > 0 if self.track_importance is None else self.track_importance
-
-
-@dataclasses.dataclass
-class Geometry:
-    num_layers: int
-    num_heads: int
-    kv_num_heads: int
-    head_dim: int
-    activation_dtype: ir.DataType
+IR_TYPES = {"float32": ir.DataType.FLOAT, "float16": ir.DataType.FLOAT16}
 
 
 def input_value(name: str, dtype: ir.DataType, shape: list) -> ir.Value:
@@ -85,8 +30,8 @@ class RewriteContext:
         self.settings = settings
         self.geometry = geometry
         self.batch_dim = batch_dim
-        self.kv_dtype = ir.DataType.FLOAT16 if settings.kv_dtype == "float16" else (
-            ir.DataType.FLOAT if settings.kv_dtype == "float32" else geometry.activation_dtype)
+        self.activation_type = IR_TYPES[geometry.activation_dtype]
+        self.kv_dtype = IR_TYPES[settings.kv_dtype or geometry.activation_dtype]
         probe = settings.score == "probe"
         if settings.bounds_dtype is None:
             self.bounds_dtype = self.kv_dtype if probe else ir.DataType.FLOAT16
@@ -201,12 +146,12 @@ class RewriteContext:
             one = op.Constant(value=ir.tensor(np.array(1, np.int32)))
             self._gqa_lengths = (op.Sub(self.total_lens, one), op.ReduceMax(self.total_lens, keepdims=0))
         seqlens, total = self._gqa_lengths
-        cast = (lambda x: op.Cast(x, to=self.kv_dtype)) if self.kv_dtype != g.activation_dtype else (lambda x: x)
+        cast = (lambda x: op.Cast(x, to=self.kv_dtype)) if self.kv_dtype != self.activation_type else (lambda x: x)
         output, key_out, value_out = op.GroupQueryAttention(
             cast(flat(query, g.num_heads)), cast(flat(key, g.kv_num_heads)), cast(flat(value, g.kv_num_heads)),
             key_cache, value_cache, seqlens, total, num_heads=g.num_heads, kv_num_heads=g.kv_num_heads,
             scale=float(scale), softcap=float(softcap), _domain="com.microsoft", _outputs=3)
-        if self.kv_dtype != g.activation_dtype:
-            output = op.Cast(output, to=g.activation_dtype)
+        if self.kv_dtype != self.activation_type:
+            output = op.Cast(output, to=self.activation_type)
         self.rewritten[layer] = rule
         return output, key_out, value_out

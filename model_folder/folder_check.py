@@ -21,7 +21,7 @@ import dataclasses
 import numpy as np
 import onnx
 
-from ..export.sidecar import LayerIO, ModelFolderError, Sidecar
+from .sidecar import LayerIO, ModelFolderError, Sidecar
 from ..ops.schemas import DOMAIN, OPS_BY_NAME
 
 _GQA = ("com.microsoft", "GroupQueryAttention")
@@ -125,13 +125,13 @@ class _Checker:
         quest = [n for n in self.nodes if n.domain == DOMAIN]
         gqa = [n for n in self.nodes if (n.domain, n.op_type) == _GQA]
         s = self.s
-        if s.portable and quest:
+        if s.settings.portable and quest:
             self.disagree("portable", True, f"the Quest ops are nodes ({quest[0].op_type} {quest[0].name!r}), not "
                           "standard-op bodies")
-        if s.attention == "gqa" and (quest or not gqa):
+        if s.settings.attention == "gqa" and (quest or not gqa):
             self.disagree("attention", "gqa", "the attention is " + (
                 f"Quest ops ({quest[0].op_type} {quest[0].name!r})" if quest else "no GroupQueryAttention node"))
-        if s.attention == "quest" and not s.portable and not quest:
+        if s.settings.attention == "quest" and not s.settings.portable and not quest:
             self.disagree("portable", False, "there is no Quest op node" + (
                 f" (the attention is GroupQueryAttention {gqa[0].name!r}: attention should be 'gqa')" if gqa
                 else " (the Quest ops are written as standard ops)"))
@@ -186,8 +186,8 @@ class _Checker:
     def check_layers(self, nodes: list) -> None:
         s = self.s
         self.layers = layers = self.graph_layers(nodes)
-        if len(layers) != s.num_layers:
-            self.disagree("num_layers", s.num_layers, f"there are {len(layers)} attention layers")
+        if len(layers) != s.geometry.num_layers:
+            self.disagree("num_layers", s.geometry.num_layers, f"there are {len(layers)} attention layers")
         sparse = [index for index, layer in enumerate(layers) if layer.names["past_block_max"]]
         if sparse != sorted(s.sparse_layers):
             self.disagree("sparse_layers", s.sparse_layers, f"the layers with block bounds (QuestMetadata) are {sparse}")
@@ -238,18 +238,18 @@ class _Checker:
     def expected_io(self):
         """(input or output, name, the field naming it, dtype field, dtype, [(dim label, value) or None])."""
         s = self.s
-        blocks = -(-s.capacity // s.block_size)
-        heads = ("kv_num_heads", s.kv_num_heads)
-        cache = [None, heads, ("capacity", s.capacity), ("head_dim", s.head_dim)]
-        bounds = [None, heads, ("ceil(capacity / block_size)", blocks), ("head_dim", s.head_dim)]
-        kinds = {"key": ("kv_dtype", s.kv_dtype, cache), "value": ("kv_dtype", s.kv_dtype, cache),
-                 "block_max": ("bounds_dtype", s.bounds_dtype or s.kv_dtype, bounds),
-                 "block_min": ("bounds_dtype", s.bounds_dtype or s.kv_dtype, bounds),
+        blocks = -(-s.capacity // s.settings.block_size)
+        heads = ("kv_num_heads", s.geometry.kv_num_heads)
+        cache = [None, heads, ("capacity", s.capacity), ("head_dim", s.geometry.head_dim)]
+        bounds = [None, heads, ("ceil(capacity / block_size)", blocks), ("head_dim", s.geometry.head_dim)]
+        kinds = {"key": ("kv_dtype", s.settings.kv_dtype, cache), "value": ("kv_dtype", s.settings.kv_dtype, cache),
+                 "block_max": ("bounds_dtype", s.bounds_dtype, bounds),
+                 "block_min": ("bounds_dtype", s.bounds_dtype, bounds),
                  "block_importance": ("the block importance type", "float32", bounds[:3])}
         for role, name in s.inputs.items():
             dtype, rank = _ROLES[role]
             yield "input", name, f"inputs.{role}", f"the element type of inputs.{role}", dtype, [None] * rank
-        yield ("output", s.outputs["logits"], "outputs.logits", "activation_dtype", s.activation_dtype,
+        yield ("output", s.outputs["logits"], "outputs.logits", "activation_dtype", s.geometry.activation_dtype,
                [None, None, ("vocab_size", s.vocab_size)])
         for index, layer in enumerate(s.layers):
             for kind, (dtype_field, dtype, dims) in kinds.items():
@@ -286,16 +286,16 @@ class _Checker:
 
     def check_attributes(self, nodes: list) -> None:
         layer_of = {id(node): index for index, layer in enumerate(self.layers) for node in layer.nodes}
-        fields = {f.name for f in dataclasses.fields(Sidecar)}
+        described = self.s.to_dict()  # the sidecar's fields by name, as its JSON holds them
         for node in nodes:
             spec = OPS_BY_NAME.get(node.op_type) if node.domain == DOMAIN else None
             defaults = spec.defaults() if spec else {}
             names = [a.name for a in spec.attributes] if spec else [a.name for a in node.attribute]
             for name in names:
-                if name not in fields or (self.variant and name not in _CACHE_SHAPING):
+                if name not in described or (self.variant and name not in _CACHE_SHAPING):
                     continue
                 found = _attribute(node, name, defaults.get(name))
-                expected = getattr(self.s, name)
+                expected = described[name]
                 if not _same(expected, found):
                     where = f" (layer {layer_of[id(node)]})" if id(node) in layer_of else ""
                     self.disagree(name, expected, f"{node.op_type} node {node.name!r}{where} has {name} = {found!r}")

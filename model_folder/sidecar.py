@@ -1,6 +1,8 @@
 """The sidecar JSON next to an exported model: what the runtime needs to run it, and its provenance.
 
-Written by `export-sparse`, read by `quest_ort.runtime`. Version it when the layout changes.
+Written by `export-sparse`, read by `quest_ort.runtime`. Version it when the layout changes. In
+Python a sidecar is composed of the folder's Geometry and SparseSettings (model_folder/settings.py);
+its JSON keeps their fields flat beside the others (the layout of format quest_ort.model/1).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import pathlib
 
 from ..ops.schemas import FLOAT_TYPES, SPARSE_BLOCK_SELECT
+from .settings import Geometry, SparseSettings
 
 SIDECAR_NAME = "quest_model.json"
 FORMAT = "quest_ort.model/1"
@@ -38,43 +41,54 @@ class LayerIO:
         return self.past_block_max is not None
 
 
+_GEOMETRY_FIELDS = tuple(f.name for f in dataclasses.fields(Geometry))
+# Every setting but track_importance, which the layers' importance caches say.
+_SETTINGS_FIELDS = tuple(f.name for f in dataclasses.fields(SparseSettings) if f.name != "track_importance")
+# Fields older exports lack, and the values they mean there.
+_JSON_DEFAULTS = {
+    "inputs": lambda: {"input_ids": "input_ids", "past_lens": "past_lens", "total_lens": "total_lens"},
+    "outputs": lambda: {"logits": "logits"},
+    "eos_token_ids": list, "tokenizer": lambda: None, "attention": lambda: "quest", "score": lambda: "bound",
+    "num_probes": lambda: 8, "portable": lambda: False, "bounds_dtype": lambda: None, "exporter": dict,
+}
+
+
 @dataclasses.dataclass
 class Sidecar:
     model_file: str
     family: str
     source: str
-    num_layers: int
-    num_heads: int
-    kv_num_heads: int
-    head_dim: int
+    geometry: Geometry
+    # As exported: kv_dtype resolved, dense_layers those the model has; bounds_dtype None in
+    # exports older than the field (their bounds are kv_dtype: see `bounds_dtype` below).
+    settings: SparseSettings
     vocab_size: int
-    activation_dtype: str
-    kv_dtype: str
     capacity: int
-    block_size: int
-    top_k: int
-    sink_blocks: int
-    recent_blocks: int
-    group_reduce: str
-    importance_fraction: float
     sparse_layers: list[int]
-    dense_layers: list[int]
     layers: list[LayerIO]
-    inputs: dict = dataclasses.field(default_factory=lambda: {
-        "input_ids": "input_ids", "past_lens": "past_lens", "total_lens": "total_lens"})
-    outputs: dict = dataclasses.field(default_factory=lambda: {"logits": "logits"})
+    inputs: dict = dataclasses.field(default_factory=_JSON_DEFAULTS["inputs"])
+    outputs: dict = dataclasses.field(default_factory=_JSON_DEFAULTS["outputs"])
     eos_token_ids: list[int] = dataclasses.field(default_factory=list)
     tokenizer: str | None = None  # a folder next to the model, relative, when the source had one
-    attention: str = "quest"  # "quest", or "gqa" for the dense GroupQueryAttention baseline
-    score: str = "bound"
-    num_probes: int = 8
-    portable: bool = False  # the Quest nodes are written as standard-op bodies: no op library needed
-    bounds_dtype: str | None = None  # dtype of the block bounds; None (older exports): kv_dtype
     exporter: dict = dataclasses.field(default_factory=dict)
     format: str = FORMAT
 
+    @property
+    def bounds_dtype(self) -> str:
+        """The block bounds' dtype (exports older than the field keep them in the caches' dtype)."""
+        return self.settings.bounds_dtype or self.settings.kv_dtype
+
+    def to_dict(self) -> dict:
+        """The JSON object: the geometry's and settings' fields flat beside the others."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("geometry", "settings")}
+        data.update(dataclasses.asdict(self.geometry))
+        data.update({name: getattr(self.settings, name) for name in _SETTINGS_FIELDS})
+        data["dense_layers"] = list(self.settings.dense_layers)
+        data["layers"] = [dataclasses.asdict(layer) for layer in self.layers]
+        return data
+
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=1)
+        return json.dumps(self.to_dict(), indent=1)
 
     def write(self, directory: pathlib.Path) -> None:
         (directory / SIDECAR_NAME).write_text(self.to_json() + "\n")
@@ -82,7 +96,7 @@ class Sidecar:
     @classmethod
     def read(cls, directory: pathlib.Path) -> Sidecar:
         """The sidecar of a model folder, every field checked alone and against the others (the
-        graph is checked against it when the runtime opens the folder: runtime/folder_check.py)."""
+        graph is checked against it when the runtime opens the folder: model_folder/folder_check.py)."""
         path = pathlib.Path(directory) / SIDECAR_NAME
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: not a directory written by export-sparse")
@@ -95,25 +109,27 @@ class Sidecar:
             raise ModelFolderError(f"{path}: must hold a JSON object, got a {type(data).__name__}")
         if data.get("format") != FORMAT:
             raise ModelFolderError(f"{path}: format {data.get('format')!r}, this quest_ort reads {FORMAT!r}")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = set(data) - set(fields)
+        known = _json_fields()
+        unknown = set(data) - set(known)
         if unknown:  # nothing in a model folder may steer us beyond the known fields
             raise ModelFolderError(f"{path}: unknown fields {sorted(unknown)}")
-        missing = [name for name, f in fields.items() if name not in data
-                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [name for name in known if name not in data and name not in _JSON_DEFAULTS]
         if missing:
             raise ModelFolderError(f"{path}: missing fields {missing}")
-        for name, f in fields.items():  # fields older exports lack take their defaults, checked like the rest
+        for name, default in _JSON_DEFAULTS.items():  # fields older exports lack, checked like the rest
             if name not in data:
-                data[name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                data[name] = default()
         for field in ("model_file", "tokenizer"):
             name = data.get(field)
             if name is not None and (not isinstance(name, str) or pathlib.PurePath(name).is_absolute()
                                      or ".." in pathlib.PurePath(name).parts or "\\" in name):
                 raise ModelFolderError(f"{path}: {field} {name!r} must be a relative path inside the model folder")
         _check_fields(data, lambda field, text: ModelFolderError(f"{path}: {field} {text}"))
+        geometry = Geometry(**{name: data.pop(name) for name in _GEOMETRY_FIELDS})
+        settings = {name: data.pop(name) for name in _SETTINGS_FIELDS}
+        settings = SparseSettings(**{**settings, "dense_layers": tuple(settings["dense_layers"])})
         data["layers"] = [LayerIO(**layer) for layer in data["layers"]]
-        return cls(**data)
+        return cls(geometry=geometry, settings=settings, **data)
 
     @staticmethod
     def layer_io(layer: int, sparse: bool, importance: bool = False) -> LayerIO:
@@ -125,6 +141,12 @@ class Sidecar:
                 io.past_block_importance = f"past_block_importance.{layer}"
                 io.present_block_importance = f"present_block_importance.{layer}"
         return io
+
+
+def _json_fields() -> tuple[str, ...]:
+    """Every key of a sidecar's JSON object."""
+    own = tuple(f.name for f in dataclasses.fields(Sidecar) if f.name not in ("geometry", "settings"))
+    return own + _GEOMETRY_FIELDS + _SETTINGS_FIELDS
 
 
 # The sidecar's Quest settings are SparseBlockSelect attributes of the same names: their ranges and

@@ -1,0 +1,69 @@
+"""What a model folder was exported with: the model's attention geometry and the sparse settings.
+
+The exporter builds graphs from these two objects and the sidecar records them (model_folder/sidecar.py);
+the runtime sizes and reads its caches from what the sidecar recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..ops.schemas import SPARSE_BLOCK_SELECT
+
+# The settings that become SparseBlockSelect attributes (same names): their ranges are the op schema's,
+# and an int attribute must fit in int32, so a bad value is refused here rather than by the checker.
+ATTRIBUTE_SETTINGS = ("top_k", "block_size", "sink_blocks", "recent_blocks", "importance_fraction", "num_probes")
+
+
+def attribute_range_problem(name: str, value) -> str | None:
+    """Why `value` is out of range for SparseBlockSelect's attribute `name`, or None."""
+    return SPARSE_BLOCK_SELECT.attribute(name).range_problem(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseSettings:
+    top_k: int
+    # The defaults keep the answers (docs/quality.md, measured through Generator on SmolLM2):
+    # blocks of 8 tokens, every query head selecting its own K of them.
+    block_size: int = 8
+    sink_blocks: int = 1
+    recent_blocks: int = 1
+    group_reduce: str = "none"
+    importance_fraction: float = 0.0
+    dense_layers: tuple[int, ...] = (0, 1)
+    kv_dtype: str | None = None  # None: the model's activation dtype
+    # The block bounds' dtype. None: float16 (half the bytes a decode step's selection reads; keys
+    # round outward into them), except with score="probe", whose select reads the key cache and
+    # the bounds as one type: then the cache's.
+    bounds_dtype: str | None = None
+    # "quest": the Quest ops; "gqa": the dense baseline, com.microsoft.GroupQueryAttention over the
+    # same in-place caches and model I/O (for side-by-side comparisons in one runtime)
+    attention: str = "quest"
+    # Write every Quest node as its standard-op body: a graph of standard ops only (graphs/portable.py)
+    portable: bool = False
+    score: str = "bound"  # SparseBlockSelect's policy: "bound" or "probe" (then reads the key cache)
+    num_probes: int = 8
+    # Carry every layer's accumulated attention mass per block (past/present_block_importance.l)
+    # into SparseBlockSelect; on by default when importance_fraction > 0.
+    track_importance: bool | None = None
+
+    def __post_init__(self):
+        for name in ATTRIBUTE_SETTINGS:
+            problem = attribute_range_problem(name, getattr(self, name))
+            if problem:
+                raise ValueError(f"{name} {problem}")
+
+    @property
+    def importance(self) -> bool:
+        return self.importance_fraction > 0 if self.track_importance is None else self.track_importance
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """The attention shape of a model: layers, query and KV heads, head size, activation type."""
+
+    num_layers: int
+    num_heads: int
+    kv_num_heads: int
+    head_dim: int
+    activation_dtype: str = "float32"  # "float32" or "float16"
