@@ -38,7 +38,7 @@ SETTINGS = dict(top_k=32, kv_dtype="float16")  # the export's defaults otherwise
 
 def ensure_models() -> dict[str, pathlib.Path]:
     from quest_ort.export.families import FAMILIES, build_default_model
-    from quest_ort.export.pipeline import export_sparse
+    from quest_ort.apps.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
 
     checkpoint = MODELS / "qwen3-0.6b-geometry" / "checkpoint"

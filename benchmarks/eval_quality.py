@@ -152,7 +152,7 @@ class Suite:
         self.dense = self.variant(qr.Config(default.policy, every_block * default.policy.block_size))
 
     def _export(self, source, label: str, settings, reuse: bool) -> pathlib.Path:
-        from quest_ort.export.pipeline import export_sparse
+        from quest_ort.apps.pipeline import export_sparse
         from quest_ort.model_folder.sidecar import Sidecar
 
         folder = self.work / label

@@ -12,9 +12,9 @@ import pathlib
 
 import numpy as np
 
-from quest_ort.runtime.demo import PASS_KEY as INSTRUCTION
-from quest_ort.runtime.demo import QUESTION
-from quest_ort.runtime.demo import pass_key_sentence
+from quest_ort.apps.demo import PASS_KEY as INSTRUCTION
+from quest_ort.apps.demo import QUESTION
+from quest_ort.apps.demo import pass_key_sentence
 
 LICENSES = pathlib.Path("/usr/share/common-licenses")
 ORDER = ("GPL-3", "Apache-2.0", "LGPL-3", "MPL-2.0", "GPL-2", "Artistic", "LGPL-2.1", "GFDL-1.3", "CC0-1.0", "BSD")

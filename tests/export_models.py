@@ -13,7 +13,8 @@ import tempfile
 import numpy as np
 
 from quest_ort.export.families import FAMILIES, build_default_model
-from quest_ort.export.pipeline import export_sparse, optimum_export
+from quest_ort.apps.pipeline import export_sparse
+from quest_ort.export.steps import optimum_export
 from quest_ort.export.rewrite import SparseSettings
 
 # Small enough to export in a second; odd head grouping on the Llama side (G = 3) and the Qwen2

@@ -185,13 +185,13 @@ def test_a_layer_that_does_not_match_is_named():
     model = ir.load(tiny.optimum)
     softmax = next(n for n in model.graph if n.op_type == "Softmax" and "layers.1/" in (n.name or ""))
     softmax.op_type = "LogSoftmax"  # layer 1's attention no longer has the expected structure
-    geometry = Geometry(3, 4, 2, 16, ir.DataType.FLOAT)
+    geometry = Geometry(3, 4, 2, 16, "float32")
     with pytest.raises(ExportError, match="layer 1"):
         rewrite_attention(model, SparseSettings(top_k=4), geometry)
 
 
 def test_wrong_family_is_refused_and_nothing_is_written(tmp_path):
-    from quest_ort.export.pipeline import export_sparse
+    from quest_ort.apps.pipeline import export_sparse
 
     output = tmp_path / "out"
     with pytest.raises(ExportError, match="llama"):

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from attention_graphs import VOCAB, attention23_model, genai_gqa_model, greedy_against_original, weights
-from quest_ort.export.pipeline import rewrite_onnx
+from quest_ort.apps.pipeline import rewrite_onnx
 from quest_ort.export.rewrite import ExportError, SparseSettings
 from quest_ort.runtime.generate import greedy
 from quest_ort.runtime.model import QuestModel

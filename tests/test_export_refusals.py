@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 
 from attention_graphs import (HEADS, HEAD_DIM, KV_HEADS, attention23_model, genai_gqa_model, greedy_against_original,
                               weights)
-from quest_ort.export.pipeline import rewrite_onnx
+from quest_ort.apps.pipeline import rewrite_onnx
 from quest_ort.export.rewrite import ExportError, SparseSettings
 
 CAPACITY = 256
@@ -258,7 +258,7 @@ def _optimum_attention(edit) -> None:
         edit(model.graph, add, scores.inputs[0].producer())
     config = TINY["qwen3"]
     geometry = Geometry(config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"],
-                        config["head_dim"], ir.DataType.FLOAT)
+                        config["head_dim"], "float32")
     rewrite_attention(model, SparseSettings(top_k=4, dense_layers=(0,)), geometry)
 
 
@@ -296,7 +296,7 @@ def test_optimum_attention_refuses_a_sliding_window(tmp_path):
     windowed layers are refused, named, before anything is written."""
     from export_models import TINY
     from quest_ort.export.families import FAMILIES, build_default_model
-    from quest_ort.export.pipeline import export_sparse
+    from quest_ort.apps.pipeline import export_sparse
 
     build_default_model(FAMILIES["qwen2"], tmp_path / "checkpoint", **TINY["qwen2"], use_sliding_window=True,
                         sliding_window=32, max_window_layers=1)

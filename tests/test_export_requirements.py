@@ -21,7 +21,7 @@ _WITHOUT = """
 import sys
 for name in sys.argv[1].split(","):
     sys.modules[name] = None
-from quest_ort.export.cli import main
+from quest_ort.apps.export_cli import main
 sys.exit(main(sys.argv[2:]))
 """
 

@@ -75,8 +75,8 @@ def test_cli_help_explains_every_option():
 
 def test_the_output_may_not_be_the_input_folder_and_nothing_is_written(tmp_path):
     from export_models import tiny_model
-    from quest_ort.export.pipeline import ExportError, export_sparse
-    from quest_ort.export.rewrite import SparseSettings
+    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.export.rewrite import ExportError, SparseSettings
 
     checkpoint = tiny_model("qwen3").checkpoint
     before = {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}

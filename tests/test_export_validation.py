@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from export_models import tiny_model
-from quest_ort.export import cli
-from quest_ort.export.pipeline import export_sparse
+from quest_ort.apps import export_cli as cli
+from quest_ort.apps.pipeline import export_sparse
 from quest_ort.export.rewrite import ExportError, SparseSettings
-from quest_ort.export.validate import plan
+from quest_ort.apps.validate import plan
 
 OUT_OF_RANGE = [
     ("--k", "3000000000"), ("--k", "0"), ("--k", "-1"),

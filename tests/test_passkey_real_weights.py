@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from quest_ort.export.pipeline import export_sparse
+from quest_ort.apps.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.export.weights import checkpoint
 from quest_ort.runtime.generate import Generator, Sampling

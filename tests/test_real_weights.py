@@ -8,11 +8,11 @@ import pathlib
 
 import pytest
 
-from quest_ort.export.pipeline import export_sparse
+from quest_ort.apps.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.export.weights import CHECKPOINTS, checkpoint
 from quest_ort.runtime.compare import compare
-from quest_ort.runtime.demo import pass_key_prompt
+from quest_ort.apps.demo import pass_key_prompt
 from quest_ort.runtime.generate import Sampling
 from quest_ort.runtime.model import QuestModel
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from export_models import quest_export
-from quest_ort.export.pipeline import export_sparse
+from quest_ort.apps.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.runtime.compare import compare
 from quest_ort.runtime.generate import Generator, Sampling, greedy

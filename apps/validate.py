@@ -17,7 +17,14 @@ import pathlib
 
 import numpy as np
 
-from .rewrite import ExportError
+from ..export.rewrite.layers import detect_kind, find_layers
+from ..runtime.model import QuestModel
+
+
+
+class ValidationError(ValueError):
+    """The exported graph disagrees with its source where it must equal it, or cannot be compared."""
+
 
 LONGEST_PROMPT = 512  # the longer prompt passes the budget by 8 tokens, up to this length
 DECODE_STEPS = 8
@@ -29,8 +36,6 @@ class SourceRunner:
     def __init__(self, path: pathlib.Path):
         import onnx_ir as ir
         import onnxruntime as ort
-
-        from .rewrite.layers import detect_kind, find_layers
 
         graph = ir.load(path).graph
         slots = find_layers(graph, detect_kind(graph))
@@ -44,7 +49,7 @@ class SourceRunner:
         known = {"input_ids", "attention_mask", "position_ids", *self.presents.values()}
         unknown = sorted(set(self.inputs) - known)
         if unknown:
-            raise ExportError(f"validation cannot feed the source graph's inputs {unknown}")
+            raise ValidationError(f"validation cannot feed the source graph's inputs {unknown}")
         self.reset()
 
     def reset(self) -> None:
@@ -81,10 +86,8 @@ def plan(covered: int, capacity: int) -> list[tuple[int, int, bool]]:
 
 
 def validate_export(source: pathlib.Path, staged: pathlib.Path) -> float:
-    """Max |logit difference| where the Quest graph must equal the source graph; raises ExportError
-    on a mismatch there, or on non-finite logits past the budget."""
-    from ..runtime.model import QuestModel
-
+    """Max |logit difference| where the Quest graph must equal the source graph; raises
+    ValidationError on a mismatch there, or on non-finite logits past the budget."""
     quest = QuestModel(staged, threads=1)
     sidecar = quest.sidecar
     sparse = sidecar.settings.attention == "quest" and sidecar.sparse_layers
@@ -107,9 +110,9 @@ def validate_export(source: pathlib.Path, staged: pathlib.Path) -> float:
             if (index == 0 and exact) or int(cache.lengths[0]) <= covered:
                 difference = float(np.abs(got - expected).max())
                 if not difference <= tolerance * max(float(np.abs(expected).max()), 1.0):
-                    raise ExportError(f"validation failed: the Quest graph's logits differ from the source graph's "
+                    raise ValidationError(f"validation failed: the Quest graph's logits differ from the source graph's "
                                       f"by {difference:.3g} at {where}, where the budget covers the context")
                 worst = max(worst, difference)
             elif not np.isfinite(got).all():
-                raise ExportError(f"validation failed: the Quest graph's logits are not finite at {where}")
+                raise ValidationError(f"validation failed: the Quest graph's logits are not finite at {where}")
     return worst

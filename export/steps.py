@@ -1,7 +1,5 @@
-"""The export pipeline: Hugging Face model -> optimum ONNX -> Quest rewrite -> checked, saved model.
-
-Each long step is announced; nothing is written to the output folder unless every step succeeds
-(the work happens in a temporary folder next to it and is moved into place at the end).
+"""The export's steps: a checkpoint's geometry, optimum's ONNX export, and the checked, saved model
+folder (graph, sidecar, tokenizer files) moved into place. apps/pipeline.py runs them in order.
 """
 
 from __future__ import annotations
@@ -10,47 +8,17 @@ import dataclasses
 import json
 import pathlib
 import shutil
-import tempfile
-import time
 
-from .families import FAMILIES, build_default_model, load_checkpoint, read_config
-from .rewrite import ExportError, Geometry, SparseSettings, rewrite_attention
-from ..model_folder.sidecar import SIDECAR_NAME, Sidecar
-from .validate import validate_export
+from ..model_folder.settings import Geometry, SparseSettings
+from ..model_folder.sidecar import Sidecar
+from .rewrite import ExportError
 
 MODEL_FILE = "model.quest.onnx"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja")
 
 
-@dataclasses.dataclass
-class ExportReport:
-    output: pathlib.Path
-    counts: dict
-    validation_max_abs_diff: float | None
-    seconds: float
-
-
-class Progress:
-    """Numbered step messages with their durations."""
-
-    def __init__(self, total: int, log=print):
-        self.total, self.index, self.log, self.started = total, 0, log, None
-
-    def step(self, message: str) -> None:
-        self.done()
-        self.index += 1
-        self.started = time.perf_counter()
-        self.log(f"[{self.index}/{self.total}] {message} ...", end="", flush=True)
-
-    def done(self) -> None:
-        if self.started is not None:
-            self.log(f" {time.perf_counter() - self.started:.1f}s", flush=True)
-            self.started = None
-
-
-
-def _fit_dense_layers(settings: SparseSettings, geometry: Geometry) -> SparseSettings:
+def fit_dense_layers(settings: SparseSettings, geometry: Geometry) -> SparseSettings:
     """The settings with the default dense layers that the model has (a one-layer model keeps
     layer 0 only); dense layers a user listed must all exist."""
     missing = [layer for layer in settings.dense_layers if layer >= geometry.num_layers]
@@ -61,7 +29,8 @@ def _fit_dense_layers(settings: SparseSettings, geometry: Geometry) -> SparseSet
     kept = tuple(layer for layer in settings.dense_layers if layer < geometry.num_layers)
     return dataclasses.replace(settings, dense_layers=kept)
 
-def _geometry(config: dict) -> Geometry:
+
+def geometry_from_config(config: dict) -> Geometry:
     heads = config["num_attention_heads"]
     return Geometry(
         num_layers=config["num_hidden_layers"],
@@ -100,66 +69,9 @@ def optimum_export(checkpoint: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     return out / "model.onnx"
 
 
-def export_sparse(
-    family: str,
-    *,
-    output: pathlib.Path,
-    settings: SparseSettings,
-    model: str | None = None,
-    capacity: int | None = None,
-    overwrite: bool = False,
-    validate: bool = True,
-    log=print,
-) -> ExportReport:
-    """Export `family` (the embedded default, or `model`) with its attention rewritten to Quest ops."""
-    import onnx_ir as ir
-
-    from ..model_folder.safety import check_external_data
-
-    if family not in FAMILIES:
-        raise ExportError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
-    output = _prepare_output(output, overwrite, [pathlib.Path(model)] if model and pathlib.Path(model).exists() else [])
-    begin = time.perf_counter()
-    progress = Progress(5 if validate else 4, log)
-    with tempfile.TemporaryDirectory(prefix=".quest-export-", dir=output.parent) as work_name:
-        work = pathlib.Path(work_name)
-        fam = FAMILIES[family]
-        if model is None:
-            progress.step(f"building the default {family} model (random weights, seed 0)")
-            checkpoint = work / "checkpoint"
-            build_default_model(fam, checkpoint)
-            source = f"default {family} (random weights)"
-        else:
-            progress.step(f"loading {model}")
-            checkpoint = load_checkpoint(model, work)
-            source = str(model)
-        config = read_config(checkpoint)
-        if config.get("model_type") != fam.model_type:
-            raise ExportError(f"{source} is a {config.get('model_type')!r} model, not {fam.model_type!r} "
-                              f"(family {family})")
-        geometry = _geometry(config)
-        settings = _fit_dense_layers(settings, geometry)
-        progress.step("exporting with optimum (TorchScript, opset 18)")
-        optimum_path = optimum_export(checkpoint, work / "optimum")
-        check_external_data(optimum_path)
-        progress.step(f"rewriting {geometry.num_layers} attention layers into Quest ops")
-        onnx_model = ir.load(optimum_path)
-        capacity = int(capacity or min(config.get("max_position_embeddings", 8192), 8192))
-        counts = rewrite_attention(onnx_model, settings, geometry, capacity=capacity)
-        progress.step("checking and saving")
-        staged, _ = _save(onnx_model, work, counts, geometry, settings, family, source, capacity,
-                                int(config["vocab_size"]), eos=_eos_ids(checkpoint), tokenizer_from=checkpoint)
-        difference = None
-        if validate:
-            progress.step("validating against the optimum model")
-            difference = validate_export(optimum_path, staged)
-        progress.done()
-        _place(staged, output)
-    return ExportReport(output, counts, difference, time.perf_counter() - begin)
-
-
-def _save(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, settings: SparseSettings, family: str,
-          source: str, capacity: int, vocab: int, eos: list[int], tokenizer_from: pathlib.Path | None):
+def save_folder(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, settings: SparseSettings,
+                family: str, source: str, capacity: int, vocab: int, eos: list[int],
+                tokenizer_from: pathlib.Path | None) -> tuple[pathlib.Path, Sidecar]:
     """Save the rewritten model under fresh file names with its sidecar (and tokenizer files)."""
     import onnx
     import onnx_ir as ir
@@ -224,13 +136,13 @@ def _load_external_constants(onnx_model) -> None:
                 node.attributes[attribute.name] = ir.AttrTensor(attribute.name, ir.tensor(attribute.value.numpy()))
 
 
-def _place(staged: pathlib.Path, output: pathlib.Path) -> None:
+def place(staged: pathlib.Path, output: pathlib.Path) -> None:
     if output.exists():
         shutil.rmtree(output)
     staged.rename(output)
 
 
-def _prepare_output(output: pathlib.Path, overwrite: bool, inputs: list[pathlib.Path]) -> pathlib.Path:
+def prepare_output(output: pathlib.Path, overwrite: bool, inputs: list[pathlib.Path]) -> pathlib.Path:
     output = pathlib.Path(output).resolve()
     if output.exists() and any(output.iterdir()) and not overwrite:
         raise ExportError(f"{output} exists and is not empty (pass --overwrite to replace it)")
@@ -243,56 +155,6 @@ def _prepare_output(output: pathlib.Path, overwrite: bool, inputs: list[pathlib.
     return output
 
 
-def rewrite_onnx(
-    model_path: pathlib.Path,
-    *,
-    output: pathlib.Path,
-    settings: SparseSettings,
-    capacity: int = 8192,
-    overwrite: bool = False,
-    validate: bool = True,
-    log=print,
-) -> ExportReport:
-    """Rewrite an already exported ONNX model (GroupQueryAttention or opset-23 Attention graphs, or
-    an optimum export) into a Quest model folder, validated against the input graph as export_sparse
-    validates against optimum's; the input's files are only read."""
-    import onnx_ir as ir
-
-    from .rewrite import geometry_from_graph
-    from ..model_folder.safety import check_external_data
-
-    model_path = pathlib.Path(model_path)
-    if not model_path.is_file():
-        raise FileNotFoundError(f"--model {model_path}: no such ONNX file")
-    output = _prepare_output(output, overwrite, [model_path])
-    begin = time.perf_counter()
-    progress = Progress(4 if validate else 3, log)
-    with tempfile.TemporaryDirectory(prefix=".quest-export-", dir=output.parent) as work_name:
-        work = pathlib.Path(work_name)
-        progress.step(f"checking and loading {model_path.name}")
-        check_external_data(model_path)
-        onnx_model = ir.load(model_path)
-        geometry = geometry_from_graph(onnx_model)
-        settings = _fit_dense_layers(settings, geometry)
-        progress.step(f"rewriting {geometry.num_layers} attention layers into Quest ops")
-        counts = rewrite_attention(onnx_model, settings, geometry, capacity=capacity)
-        logits = next((v for v in onnx_model.graph.outputs if v.name == "logits"), None)
-        vocab = logits.shape[-1] if logits is not None and logits.shape is not None else None
-        if not isinstance(vocab, int):
-            raise ExportError("the model has no logits output with a known vocabulary size")
-        progress.step("checking and saving")
-        folder = model_path.parent
-        staged, _ = _save(onnx_model, work, counts, geometry, settings, "onnx", str(model_path), capacity, vocab,
-                          eos=_eos_ids(folder), tokenizer_from=folder)
-        difference = None
-        if validate:
-            progress.step(f"validating against {model_path.name}")
-            difference = validate_export(model_path, staged)
-        progress.done()
-        _place(staged, output)
-    return ExportReport(output, counts, difference, time.perf_counter() - begin)
-
-
 def check_model_path(path: pathlib.Path) -> None:
     """The full onnx checker (custom domain included) on the saved model, by path (any size)."""
     import onnx
@@ -303,7 +165,7 @@ def check_model_path(path: pathlib.Path) -> None:
     onnx.checker.check_model(str(path), full_check=True)
 
 
-def _eos_ids(checkpoint: pathlib.Path) -> list[int]:
+def eos_ids(checkpoint: pathlib.Path) -> list[int]:
     path = checkpoint / "generation_config.json"
     if not path.is_file():
         return []

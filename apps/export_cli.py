@@ -10,10 +10,10 @@ import argparse
 import pathlib
 import sys
 
+from ..export.families import FAMILIES
+from ..export.rewrite import ExportError, SparseSettings
 from ..model_folder.settings import attribute_range_problem
 from ..ops.schemas import INT32_MAX, SPARSE_BLOCK_SELECT
-from .families import FAMILIES
-from .rewrite import ExportError, SparseSettings
 
 _DEFAULT = SparseSettings(top_k=1)  # the option defaults are the settings' own (one source of truth)
 
@@ -112,8 +112,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    from ..export.requirements import missing_message
     from .pipeline import export_sparse, rewrite_onnx
-    from .requirements import missing_message
 
     if (missing := missing_message(args.family, args.model)) is not None:
         print(f"export-sparse: error: {missing}", file=sys.stderr)

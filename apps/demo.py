@@ -19,13 +19,13 @@ import sys
 
 import numpy as np
 
-from ..export.pipeline import export_sparse
 from ..export.rewrite import SparseSettings
 from ..export.weights import WeightsError, checkpoint
 from ..ops import native_kernel_isa
-from .compare import Comparison, compare
-from .generate import Sampling
-from .model import QuestModel
+from ..runtime.compare import Comparison, compare
+from ..runtime.generate import Sampling
+from ..runtime.model import QuestModel
+from .pipeline import export_sparse
 
 WORK = pathlib.Path("build") / "demo"
 TOP_K = 32  # the design card's --k

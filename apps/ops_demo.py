@@ -16,8 +16,8 @@ import onnxruntime as ort
 
 from ..graphs import op_model
 from ..ops import native_kernel_isa
-from .binding import InPlaceStep
-from .sessions import make_session
+from ..runtime.binding import InPlaceStep
+from ..runtime.sessions import make_session
 
 H, N, D = 16, 8, 128
 G = H // N

@@ -1,0 +1,180 @@
+"""The export pipeline: a Hugging Face model (through optimum) or an ONNX file -> Quest rewrite ->
+checked, saved, validated model folder.
+
+Both entry points run one skeleton; only how the source graph is obtained differs:
+```
+export_sparse: build or load the checkpoint -> optimum export --.
+rewrite_onnx:  check and load the .onnx file -------------------+-> rewrite attention -> save (checked)
+                                                                    -> validate against the source -> place
+```
+Each long step is announced; nothing is written to the output folder unless every step succeeds
+(the work happens in a temporary folder next to it and is moved into place at the end).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import tempfile
+import time
+from typing import Callable
+
+from ..export.families import FAMILIES, build_default_model, load_checkpoint, read_config
+from ..export.rewrite import ExportError, SparseSettings, geometry_from_graph, rewrite_attention
+from ..export.steps import (eos_ids, fit_dense_layers, geometry_from_config, optimum_export, place, prepare_output,
+                            save_folder)
+from ..model_folder.safety import check_external_data
+from ..model_folder.settings import Geometry
+from .validate import ValidationError, validate_export
+
+
+@dataclasses.dataclass
+class ExportReport:
+    output: pathlib.Path
+    counts: dict
+    validation_max_abs_diff: float | None
+    seconds: float
+
+
+class Progress:
+    """Numbered step messages with their durations."""
+
+    def __init__(self, total: int, log=print):
+        self.total, self.index, self.log, self.started = total, 0, log, None
+
+    def step(self, message: str) -> None:
+        self.done()
+        self.index += 1
+        self.started = time.perf_counter()
+        self.log(f"[{self.index}/{self.total}] {message} ...", end="", flush=True)
+
+    def done(self) -> None:
+        if self.started is not None:
+            self.log(f" {time.perf_counter() - self.started:.1f}s", flush=True)
+            self.started = None
+
+
+@dataclasses.dataclass
+class _Source:
+    """The graph to rewrite and what the folder records of where it came from."""
+
+    model: object  # onnx_ir.Model, loaded
+    path: pathlib.Path  # its file: what the export is validated against
+    geometry: Geometry
+    settings: SparseSettings  # the settings, fitted to the geometry (fit_dense_layers)
+    family: str
+    description: str
+    capacity: int
+    vocab: int | None  # None: read from the rewritten graph's logits
+    folder: pathlib.Path  # holds its generation config and tokenizer files
+
+
+def export_sparse(
+    family: str,
+    *,
+    output: pathlib.Path,
+    settings: SparseSettings,
+    model: str | None = None,
+    capacity: int | None = None,
+    overwrite: bool = False,
+    validate: bool = True,
+    log=print,
+) -> ExportReport:
+    """Export `family` (the embedded default, or `model`) with its attention rewritten to Quest ops."""
+    if family not in FAMILIES:
+        raise ExportError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+
+    def source(work: pathlib.Path, progress: Progress) -> _Source:
+        import onnx_ir as ir
+
+        fam = FAMILIES[family]
+        if model is None:
+            progress.step(f"building the default {family} model (random weights, seed 0)")
+            checkpoint = work / "checkpoint"
+            build_default_model(fam, checkpoint)
+            description = f"default {family} (random weights)"
+        else:
+            progress.step(f"loading {model}")
+            checkpoint = load_checkpoint(model, work)
+            description = str(model)
+        config = read_config(checkpoint)
+        if config.get("model_type") != fam.model_type:
+            raise ExportError(f"{description} is a {config.get('model_type')!r} model, not {fam.model_type!r} "
+                              f"(family {family})")
+        geometry = geometry_from_config(config)
+        fitted = fit_dense_layers(settings, geometry)  # a wrong layer list fails before optimum's minutes
+        progress.step("exporting with optimum (TorchScript, opset 18)")
+        optimum_path = optimum_export(checkpoint, work / "optimum")
+        check_external_data(optimum_path)
+        return _Source(ir.load(optimum_path), optimum_path, geometry, fitted, family, description,
+                       int(capacity or min(config.get("max_position_embeddings", 8192), 8192)),
+                       int(config["vocab_size"]), checkpoint)
+
+    inputs = [pathlib.Path(model)] if model and pathlib.Path(model).exists() else []
+    return _export(source, 2, "the optimum model", output, inputs, overwrite, validate, log)
+
+
+def rewrite_onnx(
+    model_path: pathlib.Path,
+    *,
+    output: pathlib.Path,
+    settings: SparseSettings,
+    capacity: int = 8192,
+    overwrite: bool = False,
+    validate: bool = True,
+    log=print,
+) -> ExportReport:
+    """Rewrite an already exported ONNX model (GroupQueryAttention or opset-23 Attention graphs, or
+    an optimum export) into a Quest model folder, validated against the input graph as export_sparse
+    validates against optimum's; the input's files are only read."""
+    model_path = pathlib.Path(model_path)
+    if not model_path.is_file():
+        raise FileNotFoundError(f"--model {model_path}: no such ONNX file")
+
+    def source(work: pathlib.Path, progress: Progress) -> _Source:
+        import onnx_ir as ir
+
+        progress.step(f"checking and loading {model_path.name}")
+        check_external_data(model_path)
+        onnx_model = ir.load(model_path)
+        geometry = geometry_from_graph(onnx_model)
+        return _Source(onnx_model, model_path, geometry, fit_dense_layers(settings, geometry), "onnx",
+                       str(model_path), capacity, None, model_path.parent)
+
+    return _export(source, 1, model_path.name, output, [model_path], overwrite, validate, log)
+
+
+def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: int, reference: str,
+            output: pathlib.Path, inputs: list[pathlib.Path], overwrite: bool, validate: bool, log) -> ExportReport:
+    """The skeleton both entry points share: `source` announces its `source_steps` steps and returns
+    the graph; `reference` names that graph in the validation step."""
+    output = prepare_output(output, overwrite, inputs)
+    begin = time.perf_counter()
+    progress = Progress(source_steps + 2 + bool(validate), log)
+    with tempfile.TemporaryDirectory(prefix=".quest-export-", dir=output.parent) as work_name:
+        work = pathlib.Path(work_name)
+        graph = source(work, progress)
+        progress.step(f"rewriting {graph.geometry.num_layers} attention layers into Quest ops")
+        counts = rewrite_attention(graph.model, graph.settings, graph.geometry, capacity=graph.capacity)
+        vocab = graph.vocab if graph.vocab is not None else _logits_vocab(graph.model)
+        progress.step("checking and saving")
+        staged, _ = save_folder(graph.model, work, counts, graph.geometry, graph.settings, graph.family, graph.description,
+                                graph.capacity, vocab, eos=eos_ids(graph.folder), tokenizer_from=graph.folder)
+        difference = None
+        if validate:
+            progress.step(f"validating against {reference}")
+            try:
+                difference = validate_export(graph.path, staged)
+            except ValidationError as failed:
+                raise ExportError(str(failed)) from None
+        progress.done()
+        place(staged, output)
+    return ExportReport(output, counts, difference, time.perf_counter() - begin)
+
+
+def _logits_vocab(onnx_model) -> int:
+    logits = next((v for v in onnx_model.graph.outputs if v.name == "logits"), None)
+    vocab = logits.shape[-1] if logits is not None and logits.shape is not None else None
+    if not isinstance(vocab, int):
+        raise ExportError("the model has no logits output with a known vocabulary size")
+    return vocab
