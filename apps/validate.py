@@ -19,6 +19,7 @@ import numpy as np
 
 from ..export.rewrite.layers import detect_kind, find_layers
 from ..runtime.model import QuestModel
+from ..runtime.sessions import NUMPY_TYPES
 
 
 
@@ -57,24 +58,19 @@ class SourceRunner:
         self.past = {}
         for name in self.presents.values():
             shape = self.inputs[name].shape
-            self.past[name] = np.zeros((1, shape[1], 0, shape[3]), _numpy_type(self.inputs[name].type))
+            self.past[name] = np.zeros((1, shape[1], 0, shape[3]), NUMPY_TYPES[self.inputs[name].type])
 
     def step(self, ids: np.ndarray) -> np.ndarray:
         new = ids.shape[1]
         feeds = {"input_ids": ids, "attention_mask": np.ones((1, self.length + new)),
                  "position_ids": (self.length + np.arange(new))[None], **self.past}
-        feeds = {name: np.asarray(value, _numpy_type(self.inputs[name].type)) for name, value in feeds.items()
+        feeds = {name: np.asarray(value, NUMPY_TYPES[self.inputs[name].type]) for name, value in feeds.items()
                  if name in self.inputs}
         values = dict(zip(self.outputs, self.session.run(None, feeds)))
         for present, past in self.presents.items():
             self.past[past] = values[present]
         self.length += new
         return values["logits"]
-
-
-def _numpy_type(onnx_type: str):
-    return {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
-            "tensor(float16)": np.float16, "tensor(bool)": np.bool_}[onnx_type]
 
 
 def plan(covered: int, capacity: int) -> list[tuple[int, int, bool]]:

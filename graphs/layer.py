@@ -1,4 +1,4 @@
-"""The per-layer sparse attention subgraph (DESIGN section 3) as a model of its own.
+"""The per-layer sparse attention subgraph (docs/ops.md: the three ops in a layer) as a model of its own.
 
 ```
 key ----------> QuestMetadata(block_max, block_min, past_lens) --> block_max_out, block_min_out

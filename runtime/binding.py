@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
 import onnxruntime as ort
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundStep:
+    """An IOBinding with what must outlive it: the OrtValues of the NumPy feeds, and the arrays
+    outputs are written into."""
+
+    binding: ort.IOBinding
+    values: dict[str, ort.OrtValue]
+    into: dict[str, np.ndarray]
 
 
 class InPlaceStep:
@@ -23,7 +34,7 @@ class InPlaceStep:
         self.aliases = {out: inp for out, inp in aliases.items() if out in self.outputs}
 
     def bind(self, feeds: Mapping[str, np.ndarray | ort.OrtValue],
-             into: Mapping[str, np.ndarray] | None = None) -> ort.IOBinding:
+             into: Mapping[str, np.ndarray] | None = None) -> BoundStep:
         """An IOBinding for these feeds, reusable for repeated runs on the same buffers. `into` maps
         outputs to arrays of their exact shape and type that the run writes (no copy afterwards; a
         binding run again writes and returns the same arrays)."""
@@ -47,17 +58,14 @@ class InPlaceStep:
                 binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(into[name]))
             else:
                 binding.bind_output(name, "cpu")
-        # Keep the OrtValues of NumPy feeds, and the arrays outputs are written into, with the binding.
-        binding._quest_values = values, dict(into)
-        return binding
+        return BoundStep(binding, values, dict(into))
 
-    def run_bound(self, binding: ort.IOBinding) -> dict[str, np.ndarray]:
+    def run_bound(self, bound: BoundStep) -> dict[str, np.ndarray]:
         """Run a prepared binding; returns the outputs that are not aliased, as NumPy arrays (those
         bound `into` arrays: the arrays themselves)."""
-        self.session.run_with_iobinding(binding)
-        produced = binding.get_outputs()
-        _, into = binding._quest_values
-        return {name: into[name] if name in into else value.numpy()
+        self.session.run_with_iobinding(bound.binding)
+        produced = bound.binding.get_outputs()
+        return {name: bound.into[name] if name in bound.into else value.numpy()
                 for name, value in zip(self.outputs, produced) if name not in self.aliases}
 
     def run(self, feeds: Mapping[str, np.ndarray | ort.OrtValue],

@@ -39,6 +39,10 @@ class OptimumModel:
         self.outputs = [o.name for o in self.session.get_outputs()]
         logits = next(o for o in self.session.get_outputs() if o.name == "logits")
         self.vocab_size = logits.shape[-1] if isinstance(logits.shape[-1], int) else None
+        self.capacity = None  # the caches grow: a Generator allocates what each request needs
+
+    def prefill_chunk(self, batch: int, preferred: int) -> int:
+        return preferred
 
     def new_cache(self, batch: int, capacity: int | None = None) -> GrowingCache:
         batch = integer(batch, "batch", 1)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,6 +35,27 @@ from .model import CapacityError, KVCache
 
 PREFILL_CHUNK = 512
 PREFILL_MODES = ("exact", "sparse")
+
+
+class StepModel(Protocol):
+    """What prefill, decoding and Generator need of a model: QuestModel (runtime/model.py) and
+    OptimumModel (runtime/dense.py) are such models."""
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids must lie below it (None: unknown, ids are not checked)."""
+
+    @property
+    def capacity(self) -> int | None:
+        """The cache capacity a Generator allocates by default (None: what each request needs)."""
+
+    def new_cache(self, batch: int, capacity: int | None = None) -> Any: ...
+
+    def step(self, cache: Any, input_ids: np.ndarray, valid: np.ndarray | None = None, *,
+             exact: bool = False) -> np.ndarray: ...
+
+    def prefill_chunk(self, batch: int, preferred: int) -> int:
+        """Positions per prefill step, given the `preferred` chunk."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,17 +108,13 @@ def _check_prefill_mode(mode: str) -> str:
     return mode
 
 
-def _vocabulary(model) -> int | None:
-    return getattr(model, "vocab_size", None)
-
-
-def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK,
+def prefill(model: StepModel, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK,
             mode: str = "exact") -> np.ndarray:
     """Feed the prompts (right-padded into one batch) `chunk` positions per step into an empty cache;
     returns the logits of each prompt's last token [B, V]. `mode`: "exact" (every prompt token
     attends to every position before it) or "sparse" (each selects its blocks, as decode does)."""
     exact = _check_prefill_mode(mode) == "exact"
-    prompts = inputs.prompts(prompts, _vocabulary(model))
+    prompts = inputs.prompts(prompts, model.vocab_size)
     chunk = inputs.integer(chunk, "chunk", 1)
     if len(prompts) != cache.batch:
         raise ValueError(f"{len(prompts)} prompts for a cache of batch {cache.batch}")
@@ -105,8 +123,7 @@ def prefill(model, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int 
         raise CapacityError(f"a prompt of {int(lengths.max())} tokens does not fit the cache capacity "
                             f"{cache.capacity}; nothing was written")
     width = int(lengths.max())
-    if hasattr(model, "prefill_chunk"):
-        chunk = model.prefill_chunk(len(prompts), chunk)
+    chunk = model.prefill_chunk(len(prompts), chunk)
     ids = np.zeros((len(prompts), width), np.int64)
     for row, prompt in enumerate(prompts):
         ids[row, : len(prompt)] = prompt
@@ -167,7 +184,7 @@ class Stream:
 
 
 class Generator:
-    def __init__(self, model, capacity: int | None = None, prefill: str = "exact"):
+    def __init__(self, model: StepModel, capacity: int | None = None, prefill: str = "exact"):
         """`prefill`: "exact" (the default, Quest's split: the prompt attends exactly, generated
         tokens select their blocks) or "sparse" (prompt tokens select their blocks too)."""
         self.model = model
@@ -179,7 +196,7 @@ class Generator:
         self._busy = threading.Lock()
 
     def _cache_for(self, batch: int, needed: int) -> KVCache:
-        capacity = self.capacity or getattr(getattr(self.model, "sidecar", None), "capacity", None) or needed
+        capacity = self.capacity or self.model.capacity or needed
         if needed > capacity:
             raise CapacityError(f"the request needs {needed} tokens per row, past the cache capacity {capacity}; "
                                 "nothing was written")
@@ -193,7 +210,7 @@ class Generator:
         """The prompts as token id arrays, once every argument is known good."""
         if not isinstance(sampling, Sampling):
             raise inputs.InputTypeError(f"sampling must be a Sampling, got {type(sampling).__name__} {sampling!r:.60}")
-        vocab = _vocabulary(self.model)
+        vocab = self.model.vocab_size
         rows = inputs.prompts(prompts, vocab)
         outside = [token for token in sampling.stop_tokens if vocab is not None and token >= vocab]
         if outside:
@@ -245,11 +262,11 @@ class Generator:
         return rows
 
 
-def greedy(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, capacity: int | None = None,
+def greedy(model: StepModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, capacity: int | None = None,
            return_logits: bool = False, prefill_mode: str = "exact"):
     """Greedy continuation of each prompt (and, if asked, the logits of every step), for tests and
     comparisons where the logits matter."""
-    prompts = inputs.prompts(prompts, _vocabulary(model))
+    prompts = inputs.prompts(prompts, model.vocab_size)
     max_new_tokens = inputs.integer(max_new_tokens, "max_new_tokens", 0)
     cache = model.new_cache(len(prompts), capacity)
     last = prefill(model, cache, prompts, mode=prefill_mode)

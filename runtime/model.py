@@ -26,10 +26,10 @@ from ..model_folder.sidecar import SIDECAR_NAME, Sidecar
 from .binding import InPlaceStep
 from .buffers import cache_buffer
 from .inputs import integer, step_arguments
-from .sessions import make_session
+from .sessions import NUMPY_TYPES, make_session
 
 
-_LOGITS_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+_LOGITS_TYPES = ("tensor(float)", "tensor(float16)")
 
 
 class CapacityError(ValueError):
@@ -107,11 +107,16 @@ class QuestModel:
         logits = next(o for o in self.session.get_outputs() if o.name == self.sidecar.outputs["logits"])
         if logits.type not in _LOGITS_TYPES:
             raise ValueError(f"{model_path}: logits of type {logits.type}; the runtime reads float or float16")
-        self._logits_dtype = _LOGITS_TYPES[logits.type]
+        self._logits_dtype = NUMPY_TYPES[logits.type]
 
     @property
     def vocab_size(self) -> int:
         return self.sidecar.vocab_size
+
+    @property
+    def capacity(self) -> int:
+        """The capacity the folder was exported for (new_cache's default)."""
+        return self.sidecar.capacity
 
     def prefill_chunk(self, batch: int, preferred: int) -> int:
         """Positions per prefill step: `preferred`, except for the GroupQueryAttention baseline,

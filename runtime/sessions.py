@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 
 from ..ops import get_library_path
 from ..ops.registry import check_model
+
+# The NumPy type of each ONNX Runtime tensor type a model's inputs and outputs have here.
+NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
+               "tensor(float16)": np.float16, "tensor(bool)": np.bool_}
 
 
 def session_options(*, threads: int | None = None, register_library: bool = True,

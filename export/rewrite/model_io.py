@@ -1,4 +1,4 @@
-"""Turn a rewritten graph's I/O into the Quest model I/O (DESIGN section 4).
+"""Turn a rewritten graph's I/O into the Quest model I/O (docs/export.md, "The Quest model I/O").
 
 - inputs: input_ids, past_lens, total_lens, exact_lens (when a layer is sparse), and per layer
   past_key.l, past_value.l [B,N,C,D] (+ past_block_max.l, past_block_min.l [B,N,M,D] for sparse
