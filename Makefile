@@ -113,13 +113,13 @@ test-real-weights: install
 # 4K/8K-token prefill of a Qwen3-0.6B-geometry model (results/e2e.json, e2e.png).
 bench: install
 	$(PIP) install -q matplotlib
-	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/bench_ops.py
-	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/bench_e2e.py
+	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.bench_ops
+	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.bench_e2e
 
 # Peak RSS of an 8K-token SmolLM2 prefill, Quest model against optimum's graph (needs ~14 GB RAM).
 bench-prefill: install
 	$(call install-weights,smollm2)
-	$(PY) benchmarks/bench_prefill_rss.py
+	$(PY) -m benchmarks.bench_prefill_rss
 
 # Quality with the real checkpoints (SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-Instruct): pass-key
 # retrieval through Generator and perplexity across selection policies and budgets; writes
@@ -129,7 +129,7 @@ eval: install
 	$(call install-weights,smollm2)
 	$(call install-weights,qwen2.5-coder)
 	$(PIP) install -q matplotlib
-	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_quality.py $(EVAL_ARGS)
+	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.eval_quality $(EVAL_ARGS)
 
 # The main job: `export-sparse <family> --k 32` next to ONNX Runtime's GroupQueryAttention, on the
 # real SmolLM2-135M-Instruct weights (an 8K-token pass-key prompt) and on the embedded default Qwen3.

@@ -61,7 +61,7 @@ def ensure_models() -> dict[str, pathlib.Path]:
 def fill(model, cache, context: int, rng) -> None:
     """Synthetic caches holding `context` tokens per row: random keys/values, and block bounds as
     QuestMetadata writes them (quality_runtime.block_bounds: keys rounded outward, then merged)."""
-    from quality_runtime import block_bounds
+    from .quality_runtime import block_bounds
 
     for layer in model.sidecar.layers:
         for name in (layer.past_key, layer.past_value):

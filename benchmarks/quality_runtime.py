@@ -22,7 +22,7 @@ from quest_ort.runtime.buffers import cache_buffer
 from quest_ort.runtime.generate import PREFILL_CHUNK, choose, Sampling
 from quest_ort.runtime.model import KVCache
 
-from harness import blocks_per_kv_head
+from .harness import blocks_per_kv_head
 
 GREEDY = Sampling(max_new_tokens=1)  # choose() with temperature 0: the argmax, as Generator's greedy default
 

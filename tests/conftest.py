@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
+import sys
 
 import quest_ort
 
@@ -15,6 +16,12 @@ if pathlib.Path(quest_ort.__file__).resolve().parent == REPO / "quest_ort":
         "quest_ort was imported from the source tree, which holds no built library; "
         "run the tests with `make test` (it installs the package into .venv first)"
     )
+
+# The benchmarks are imported as the package `benchmarks` (tests/benchmarks, tests/runtime): the
+# repository root goes last on sys.path, after site-packages, so that `quest_ort` stays the
+# installed package checked above. (The test areas have no __init__.py; their helpers are the
+# package `support`, found through pyproject's pythonpath = ["tests"].)
+sys.path.append(str(REPO))
 
 # make test-sanitize sets this: the run must really use the ASan+UBSan build of the library.
 if os.environ.get("QUEST_ORT_EXPECT_SANITIZED"):

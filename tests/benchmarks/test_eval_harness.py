@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import numpy as np
 import pytest
 
+from benchmarks import eval_quality, harness, quality_inputs, quality_report
+from benchmarks import quality_runtime as qr
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.ops.reference import quest_metadata
 from quest_ort.runtime.generate import Generator, Sampling
 from quest_ort.runtime.model import QuestModel
 from support.export_models import tiny_model
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-import eval_quality  # noqa: E402
-import harness  # noqa: E402
-import quality_inputs  # noqa: E402
-import quality_report  # noqa: E402
-import quality_runtime as qr  # noqa: E402
 
 ANSWER = 6
 # The tiny Llama (6 query heads on 2 KV heads, 3 layers, layer 0 dense) exported at P=16 with K=2 (a

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pathlib
-import sys
 
 import pytest
 
+from benchmarks import quality_runtime
+from benchmarks.quality_inputs import keys, pass_key_prompt
 from quest_ort.export.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.export.weights import checkpoint
@@ -14,9 +15,6 @@ from quest_ort.runtime.generate import Generator, Sampling
 from quest_ort.runtime.model import QuestModel
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import quality_runtime  # noqa: E402
-from quality_inputs import keys, pass_key_prompt  # noqa: E402
 
 pytestmark = pytest.mark.real_weights
 
