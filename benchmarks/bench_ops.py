@@ -420,7 +420,7 @@ def main(argv=None):
     default, reference = SETTINGS
     for dtype in DTYPES:
         for C in contexts:
-            bench_metadata_build(dtype, C, default.block_size, 8, 128, 1, rng, rows, default.bounds_dtype or dtype)
+            bench_metadata_build(dtype, C, default.block_size, *HEADS[0][1:], 1, rng, rows, default.bounds_dtype or dtype)
     for H, N, D in heads:
         for C in (sorted(set(contexts) | {4096, 65536}) if not args.quick else (4096, 32768, 65536)):
             for dtype in DTYPES:
