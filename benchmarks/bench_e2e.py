@@ -62,8 +62,8 @@ def ensure_models() -> dict[str, pathlib.Path]:
 
 
 def fill(model, cache, context: int, rng) -> None:
-    """Synthetic caches holding `context` tokens per row: random keys/values, and block bounds as
-    QuestMetadata writes them (quality_runtime.block_bounds: keys rounded outward, then merged)."""
+    """Synthetic caches holding `context` tokens per row: random keys/values, and the block bounds
+    QuestMetadata would write (quality_runtime.block_bounds, by the op's NumPy reference)."""
     for layer in model.sidecar.layers:
         for name in (layer.past_key, layer.past_value):
             flat = cache.buffers[name].reshape(-1)
