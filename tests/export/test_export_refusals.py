@@ -248,7 +248,7 @@ def _optimum_attention(edit) -> None:
     Add(scores, mask) (and the Mul scaling its query), rewritten: raises what rewrite_attention raises."""
     import onnx_ir as ir
 
-    from export_models import TINY, tiny_model
+    from support.export_models import TINY, tiny_model
     from quest_ort.export.rewrite import Geometry, rewrite_attention
 
     model = ir.load(tiny_model("qwen3").optimum)
@@ -294,7 +294,7 @@ def test_optimum_attention_refuses_masks_and_scales_it_does_not_model(edit, patt
 def test_optimum_attention_refuses_a_sliding_window(tmp_path):
     """Qwen2 with sliding-window layers (window 32, past every prompt the old validation used): the
     windowed layers are refused, named, before anything is written."""
-    from export_models import TINY
+    from support.export_models import TINY
     from quest_ort.export.families import FAMILIES, build_default_model
     from quest_ort.export.pipeline import export_sparse
 

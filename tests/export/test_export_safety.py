@@ -74,7 +74,7 @@ def test_cli_help_explains_every_option():
 
 
 def test_the_output_may_not_be_the_input_folder_and_nothing_is_written(tmp_path):
-    from export_models import tiny_model
+    from support.export_models import tiny_model
     from quest_ort.export.pipeline import ExportError, export_sparse
     from quest_ort.export.rewrite import SparseSettings
 
@@ -90,7 +90,7 @@ def test_the_output_may_not_be_the_input_folder_and_nothing_is_written(tmp_path)
 def _exported_copy(tmp_path) -> pathlib.Path:
     import shutil
 
-    from export_models import quest_export
+    from support.export_models import quest_export
 
     folder = tmp_path / "model"
     shutil.copytree(quest_export("qwen3", top_k=4), folder)

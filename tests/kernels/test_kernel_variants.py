@@ -104,7 +104,7 @@ def test_bounds_round_outward_alike_on_every_variant(machine, tmp_path):
     every variant, specials included: infinities, NaN, signed zeros, subnormals, overflow."""
     import dataclasses
 
-    from cases import CASES
+    from support.cases import CASES
     from test_fp16 import _keys
 
     key = _keys()

@@ -191,7 +191,7 @@ def greedy_against_original(folder, model: onnx.ModelProto, steps: int, label: s
     against the original graph's on the same tokens; returns the generated tokens."""
     from quest_ort.runtime.generate import greedy
     from quest_ort.runtime.model import QuestModel
-    from tolerances import assert_close
+    from .tolerances import assert_close
 
     quest = QuestModel(folder, threads=1)
     prompt = np.random.default_rng(seed).integers(0, VOCAB, 29).tolist()
