@@ -105,9 +105,9 @@ def test_bounds_round_outward_alike_on_every_variant(machine, tmp_path):
     import dataclasses
 
     from support.cases import CASES
-    from test_fp16 import _keys
+    from support.rounding_keys import rounding_keys
 
-    key = _keys()
+    key = rounding_keys()
     S = key.shape[0]
     case = dataclasses.replace(CASES[0], batch=1, heads=(1, 1), head_dim=1, block_size=1, new_tokens=S,
                                dtypes=("float32", "float16"))

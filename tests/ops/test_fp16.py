@@ -8,21 +8,8 @@ import pytest
 
 from quest_ort.ops.reference.quest_metadata import rounded_outward
 from support.impls import run
+from support.rounding_keys import rounding_keys
 from support.tolerances import assert_equal
-
-SPECIALS = np.array(
-    [0.0, -0.0, 1e-8, -1e-8, 2.0**-24, 2.0**-25, -2.0**-25, 3 * 2.0**-26, 2.0**-14, -2.0**-14, 2.0**-14 - 2.0**-25,
-     65504.0, 65519.0, 65520.0, -65519.0, 1e6, -1e6, np.inf, -np.inf, np.nan, 1 + 2.0**-11, 1 + 3 * 2.0**-11,
-     -(1 + 2.0**-11), 0.1, -0.1, 1 / 3, 2.0 - 2.0**-12, -(2.0 - 2.0**-12)],
-    dtype=np.float32,
-)
-
-
-def _keys():
-    rng = np.random.default_rng(0)
-    with np.errstate(over="ignore"):
-        random = (rng.standard_normal(4000) * np.exp(rng.uniform(-20, 12, 4000))).astype(np.float32)
-    return np.concatenate([SPECIALS, random])
 
 
 def _zero_sign_blind(x, impl):
@@ -41,7 +28,7 @@ def _bounds(impl, key, bounds_dtype):
 
 @pytest.mark.parametrize("impl", ["kernel", "body"])
 def test_float32_keys_round_outward_into_float16_bounds(impl):
-    key = _keys()
+    key = rounding_keys()
     with np.errstate(over="ignore", invalid="ignore"):
         up, down = rounded_outward(key, np.float16)
         finite = np.isfinite(key)
@@ -67,7 +54,7 @@ def test_float16_keys_are_exact_in_any_bounds(impl):
 
 @pytest.mark.parametrize("impl", ["kernel", "body"])
 def test_float32_keys_round_to_nearest_into_a_float16_cache(impl):
-    key = _keys()
+    key = rounding_keys()
     S = key.shape[0]
     f16 = np.float16
     inputs = dict(query=np.zeros((1, 1, S, 1), np.float32), key=key.reshape(1, 1, S, 1),
