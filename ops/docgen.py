@@ -1,6 +1,6 @@
 """Render each op's interface tables (from schemas.py) into docs/ops.md between generated markers.
 
-`python ops/docgen.py docs/ops.md` rewrites the blocks in place; tests/test_docs.py fails when the
+`python ops/docgen.py docs/ops.md` rewrites the blocks in place; tests/ops/test_docs.py fails when the
 committed document and the schemas disagree.
 """
 

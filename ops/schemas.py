@@ -10,7 +10,7 @@ from others (products and ceiling divisions), used only by outputs.
 
 Adding an op touches exactly: this file, `reference/<op>.py`, `graphs/bodies/<op>.py`,
 `csrc/kernels/<op>.h` + `csrc/kernels/scalar/<op>.cc`, `csrc/ort/<op>_op.cc`, the conformance
-cases in `tests/cases.py`. `tests/test_schema_coverage.py` fails until all of them exist.
+cases in `tests/support/cases.py`. `tests/ops/test_schemas.py` fails until all of them exist.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import quest_ort
 
@@ -11,6 +12,12 @@ try:
     quest_ort.get_library_path()
 except FileNotFoundError as missing:
     raise RuntimeError(f"{missing}\nRun the tests with `make test` (it installs the package into .venv first)")
+
+# The benchmarks are imported as the package `benchmarks` (tests/benchmarks, tests/runtime): the
+# repository root goes last on sys.path, after site-packages, so that `quest_ort` stays the
+# installed package checked above. (The test areas have no __init__.py; their helpers are the
+# package `support`, found through pyproject's pythonpath = ["tests"].)
+sys.path.append(str(REPO))
 
 # make test-sanitize sets this: the run must really use the ASan+UBSan build of the library.
 if os.environ.get("QUEST_ORT_EXPECT_SANITIZED"):

@@ -4,7 +4,7 @@
 // CASE_DIR/case.txt holds "name value" lines (op, activation/cache dtype, dims, attributes);
 // inputs are raw little-endian arrays CASE_DIR/<input>.bin. For each variant the driver writes
 // CASE_DIR/<variant>.<output>.bin and prints the variant's name. No ONNX Runtime involved: this is
-// how the NEON kernels are checked under qemu-aarch64 (tests/test_kernel_variants.py).
+// how the NEON kernels are checked under qemu-aarch64 (tests/kernels/test_kernel_variants.py).
 #include <cstdio>
 #include <stdexcept>
 #include <string>

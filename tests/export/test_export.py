@@ -1,0 +1,235 @@
+"""Graph-level conformance of export-sparse: the Quest graph against the optimum graph and PyTorch.
+
+Tiny Qwen3, Llama and Qwen2 models with random weights (norm weights and biases randomised), built
+in code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from quest_ort.export.rewrite import ExportError, Geometry, SparseSettings, rewrite_attention
+from quest_ort.ops.reference import sparse_block_select
+from quest_ort.runtime.generate import greedy
+from quest_ort.runtime.model import CapacityError, QuestModel
+from support.export_models import TINY, OptimumRunner, quest_export, tiny_model
+from support.tolerances import assert_close, assert_equal
+
+FAMILIES = tuple(TINY)
+PROMPT = 40
+DECODE = 9  # new tokens: 8 decode steps after the prompt
+
+
+def _prompt(seed: int, length: int = PROMPT, vocab: int = 256) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab, size=length).tolist()
+
+
+def _decode_against_optimum(model, tiny, prompt, dtype, label):
+    """Greedy-decodes `prompt` and checks every step's logits against the optimum graph fed the
+    same tokens; returns (tokens, logits, optimum's logits)."""
+    tokens, logits = greedy(model, [prompt], DECODE, return_logits=True)
+    tokens = tokens[0]
+    expected = OptimumRunner(tiny).run(prompt, tokens[:-1])
+    for step, (got, want) in enumerate(zip(logits, expected)):
+        assert_close(got[0], want, dtype, f"{label} logits of step {step} vs optimum")
+    return tokens, logits, expected
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_budget_covering_the_context_matches_optimum_and_pytorch(family):
+    import torch
+    import transformers
+
+    tiny = tiny_model(family)
+    model = QuestModel(quest_export(family, top_k=64), threads=1)  # 64 blocks of 16: all of them
+    prompt = _prompt(1)
+    tokens, logits, expected = _decode_against_optimum(model, tiny, prompt, np.float32, "float32")
+    assert tokens == [int(np.argmax(x)) for x in expected], "greedy tokens differ from the optimum graph's"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny.checkpoint, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, PROMPT - 1 :].numpy()
+    assert_close(np.stack([x[0] for x in logits]), reference, np.float32, "logits vs PyTorch")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rows_of_different_lengths_match_single_rows(family):
+    model = QuestModel(quest_export(family, top_k=2), threads=1)
+    prompts = [_prompt(2, 37), _prompt(3, 18)]
+    batched_tokens, batched_logits = greedy(model, prompts, 6, return_logits=True)
+    for row, prompt in enumerate(prompts):
+        tokens, logits = greedy(model, [prompt], 6, return_logits=True)
+        assert batched_tokens[row] == tokens[0]
+        for step in range(6):
+            assert_close(batched_logits[step][row], logits[step][0], np.float32, f"row {row} step {step}")
+
+
+def _with_select_outputs(path) -> onnx.ModelProto:
+    """The exported model with each SparseBlockSelect's query and block_indices as extra outputs."""
+    model = onnx.load(str(path / "model.quest.onnx"))
+    for node in model.graph.node:
+        if node.op_type == "SparseBlockSelect":
+            for name in (node.input[0], node.output[0]):
+                model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    return model
+
+
+@pytest.mark.parametrize("family, group_reduce", [(family, "mean") for family in FAMILIES] + [("qwen3", "none")])
+def test_small_budget_selects_what_the_reference_selects(family, group_reduce):
+    from quest_ort.model_folder.sidecar import Sidecar
+    from quest_ort.runtime.binding import InPlaceStep
+    from quest_ort.runtime.sessions import make_session
+
+    folder = quest_export(family, top_k=3, block_size=16, dense_layers=(0,), group_reduce=group_reduce)
+    sidecar = Sidecar.read(folder)
+    assert sidecar.settings.group_reduce == group_reduce
+    model = QuestModel(folder, threads=1)
+    probe = make_session(_with_select_outputs(folder), threads=1)
+    model._step = InPlaceStep(probe, model._step.aliases)  # same I/O, extra outputs
+    selects = [n for n in onnx.load(str(folder / "model.quest.onnx"), load_external_data=False).graph.node
+               if n.op_type == "SparseBlockSelect"]
+    assert len(selects) == len(sidecar.sparse_layers) == 2
+    cache = model.new_cache(1, capacity=256)
+    prompt = _prompt(4, 150)
+    feeds_seen = []
+    original_run = model._step.run
+
+    def capture(feeds, into=None):
+        out = original_run(feeds, into)
+        # The metadata outputs are bound in place: after the step they are the cache buffers.
+        out = {**out, **{f"present_block_{kind}.{layer}": cache.buffers[f"past_block_{kind}.{layer}"].copy()
+                         for layer in sidecar.sparse_layers for kind in ("max", "min")}}
+        feeds_seen.append((dict(feeds), out))
+        return out
+
+    model._step.run = capture
+    model.step(cache, np.array([prompt]))
+    for token in (5, 9, 200):
+        model.step(cache, np.array([[token]]))
+    checked = 0
+    for feeds, out in feeds_seen:
+        for node, layer in zip(selects, sidecar.sparse_layers):
+            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            attributes = {k: v.decode() if isinstance(v, bytes) else v for k, v in attributes.items()}
+            expected = sparse_block_select(out[node.input[0]], out[f"present_block_max.{layer}"],
+                                           out[f"present_block_min.{layer}"], feeds["past_lens"],
+                                           feeds["total_lens"], **attributes)
+            assert_equal(out[node.output[0]], expected, f"layer {layer} block_indices")
+            checked += 1
+            assert (expected >= 0).sum() > 0
+    assert checked == 8
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exact_prefill_matches_optimum_past_the_budget_and_decode_selects(family):
+    """A 150-token prompt through a 32-token budget (K = 2 blocks of 16): prefilled exactly, every
+    prompt position's logits are optimum's and no prompt token selects; the decode step after it
+    selects K blocks per KV head. Prefilled sparsely, the prompt's logits are not optimum's."""
+    from quest_ort.runtime.binding import InPlaceStep
+    from quest_ort.runtime.sessions import make_session
+
+    tiny = tiny_model(family)
+    folder = quest_export(family, top_k=2, block_size=16, dense_layers=(0,))
+    prompt = _prompt(7, 150)
+    optimum = OptimumRunner(tiny).model
+    expected = optimum.step(optimum.new_cache(1), np.array([prompt]))
+    selected = [n.output[0] for n in _with_select_outputs(folder).graph.node if n.op_type == "SparseBlockSelect"]
+    for exact in (True, False):
+        model = QuestModel(folder, threads=1)
+        model._step = InPlaceStep(make_session(_with_select_outputs(folder), threads=1), model._step.aliases)
+        cache = model.new_cache(1, capacity=256)
+        binding_run = model._step.run
+        steps = []
+        model._step.run = lambda feeds, into=None: steps.append(binding_run(feeds, into)) or steps[-1]
+        logits = model.step(cache, np.array([prompt]), exact=exact)
+        model.step(cache, np.array([[int(np.argmax(logits[0, -1]))]]))
+        prompt_rows, decode_rows = ([out[name] for name in selected] for out in steps)
+        assert len(prompt_rows) == len(model.sidecar.sparse_layers) == 2
+        for rows in decode_rows:  # the decode token selects K = 2 blocks per KV head
+            assert ((rows >= 0).sum(-1) == 2).all(), rows
+        if exact:
+            assert all((rows == -1).all() for rows in prompt_rows), "exact prompt tokens must not select"
+            assert_close(logits, expected, np.float32, "exact prefill logits vs optimum", axes="(b, s) x vocab")
+        else:
+            assert any((rows >= 0).any() for rows in prompt_rows)
+            assert not np.allclose(logits, expected, rtol=1e-3, atol=1e-3), "a sparse prefill should differ"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float16_kv_stays_close_to_float32(family):
+    tiny = tiny_model(family)
+    model = QuestModel(quest_export(family, top_k=64, kv_dtype="float16"), threads=1)
+    assert model.sidecar.settings.kv_dtype == "float16"
+    _decode_against_optimum(model, tiny, _prompt(5), np.float16, "float16-KV")
+
+
+def test_capacity_is_checked_before_anything_runs():
+    model = QuestModel(quest_export("qwen3", top_k=64), threads=1)
+    cache = model.new_cache(1, capacity=32)
+    model.step(cache, np.array([_prompt(6, 30)]))
+    before = {name: array.copy() for name, array in cache.buffers.items()}
+    with pytest.raises(CapacityError, match="capacity 32"):
+        model.step(cache, np.array([[1, 2, 3]]))
+    assert cache.lengths.tolist() == [30]
+    for name, array in cache.buffers.items():
+        np.testing.assert_array_equal(array, before[name])
+    model.step(cache, np.array([[1, 2]]))  # still usable up to the capacity
+    assert cache.lengths.tolist() == [32]
+
+
+def test_a_layer_that_does_not_match_is_named():
+    import onnx_ir as ir
+
+    tiny = tiny_model("qwen3")
+    model = ir.load(tiny.optimum)
+    softmax = next(n for n in model.graph if n.op_type == "Softmax" and "layers.1/" in (n.name or ""))
+    softmax.op_type = "LogSoftmax"  # layer 1's attention no longer has the expected structure
+    geometry = Geometry(3, 4, 2, 16, "float32")
+    with pytest.raises(ExportError, match="layer 1"):
+        rewrite_attention(model, SparseSettings(top_k=4), geometry)
+
+
+def test_wrong_family_is_refused_and_nothing_is_written(tmp_path):
+    from quest_ort.apps.pipeline import export_sparse
+
+    output = tmp_path / "out"
+    with pytest.raises(ExportError, match="llama"):
+        export_sparse("qwen3", output=output, settings=SparseSettings(top_k=4),
+                      model=str(tiny_model("llama").checkpoint), log=lambda *a, **k: None)
+    assert not output.exists()
+    assert not any(p.name.startswith(".quest-export-") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("score, importance_fraction, group_reduce",
+                         [("probe", 0.0, "mean"), ("bound", 0.5, "mean"), ("probe", 0.5, "mean"), ("bound", 0.0, "none")])
+def test_policy_exports_match_optimum_when_the_budget_covers(score, importance_fraction, group_reduce):
+    tiny = tiny_model("qwen3")
+    folder = quest_export("qwen3", top_k=64, score=score, importance_fraction=importance_fraction,
+                          group_reduce=group_reduce)
+    model = QuestModel(folder, threads=1)
+    assert (model.sidecar.settings.score, model.sidecar.settings.importance_fraction) == (score, importance_fraction)
+    _decode_against_optimum(model, tiny, _prompt(7), np.float32,
+                            f"{score}/importance {importance_fraction}/{group_reduce}")
+
+
+def test_importance_accumulates_the_attention_mass_of_every_query():
+    """Each query row's softmax sums to 1: after T tokens a KV head holds G * T of mass, and a
+    reset cache starts from zero again."""
+    folder = quest_export("qwen3", top_k=2, importance_fraction=0.5)
+    model = QuestModel(folder, threads=1)
+    layers = [layer for layer in model.sidecar.layers if layer.past_block_importance]
+    assert [model.sidecar.layers.index(layer) for layer in layers] == model.sidecar.sparse_layers
+    group = 4 // 2  # tiny qwen3: 4 query heads over 2 KV heads
+    cache = model.new_cache(2, capacity=256)
+    model.step(cache, np.array([_prompt(8, 70), _prompt(9, 70)]))
+    for token in (3, 4, 5):
+        model.step(cache, np.array([[token], [token]]))
+    for layer in layers:
+        mass = cache.buffers[layer.past_block_importance]
+        assert mass.shape == (2, 2, 256 // 16)
+        np.testing.assert_allclose(mass.sum(axis=-1), np.full((2, 2), group * 73.0), rtol=1e-5)
+        assert (mass[..., (73 + 15) // 16:] == 0).all(), "blocks past the cached tokens hold mass"
+    cache.reset()
+    for layer in layers:
+        assert not cache.buffers[layer.past_block_importance].any()

@@ -1,0 +1,84 @@
+"""export-sparse's option ranges and its validation: an out-of-range value is an argparse error before
+any work; every legal budget validates, and the validation covers the sparse decode steps the budget
+covers, not only an exact prefill."""
+
+from __future__ import annotations
+
+import pytest
+
+from quest_ort.apps import export_cli as cli
+from quest_ort.apps.pipeline import export_sparse
+from quest_ort.export.rewrite import ExportError, SparseSettings
+from quest_ort.apps.validate import plan
+from support.export_models import tiny_model
+
+OUT_OF_RANGE = [
+    ("--k", "3000000000"), ("--k", "0"), ("--k", "-1"),
+    ("--block-size", "0"), ("--block-size", "-8"), ("--block-size", "2147483648"),
+    ("--sink", "-1"), ("--sink", "2147483648"),
+    ("--recent", "-1"), ("--recent", "2147483648"),
+    ("--importance-fraction", "-0.5"), ("--importance-fraction", "1.5"), ("--importance-fraction", "nan"),
+    ("--num-probes", "0"), ("--num-probes", "-3"), ("--num-probes", "2147483648"),
+    ("--capacity", "0"), ("--capacity", "-1"), ("--capacity", "3000000000"),
+    ("--dense-layers", "-1"), ("--dense-layers", "0,-2"), ("--dense-layers", "3000000000"),
+]
+
+
+@pytest.mark.parametrize("option, value", OUT_OF_RANGE)
+def test_out_of_range_options_are_refused_before_any_work(option, value, tmp_path, capsys):
+    """An argparse error (exit status 2) whose message names the option and the value; the model
+    named does not exist, so any work past the arguments would fail differently."""
+    argv = ["onnx", "--model", str(tmp_path / "missing.onnx"), "--k", "4", f"{option}={value}", "-o", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith(f"export-sparse: error: argument {option}: ") and value in message, message
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name, value", [("top_k", 3_000_000_000), ("block_size", 0), ("sink_blocks", -1),
+                                         ("importance_fraction", float("nan")), ("num_probes", 2**31)])
+def test_sparse_settings_refuse_what_the_ops_would(name, value):
+    with pytest.raises(ValueError, match=f"{name} must lie in"):
+        SparseSettings(**{"top_k": 4, name: value})
+
+
+@pytest.mark.parametrize("k, block_size, reduce", [(4, 4, "none"), (1, 1, "none"), (2, 8, "mean")])
+def test_small_budgets_validate(k, block_size, reduce, tmp_path, capsys):
+    """export-sparse qwen3 --k 4 --block-size 4 (a 16-token budget) and smaller: the validation runs
+    prompts the budget covers (exact) and a longer one (its sparse steps only finite), and passes."""
+    argv = ["qwen3", "--model", str(tiny_model("qwen3").checkpoint), "--k", str(k), "--block-size", str(block_size),
+            "--group-reduce", reduce, "--capacity", "256", "-o", str(tmp_path / "out")]
+    assert cli.main(argv) == 0
+    assert "validation: max |logit difference|" in capsys.readouterr().out
+    assert (tmp_path / "out" / "model.quest.onnx").is_file()
+
+
+def test_the_validation_plan_covers_sparse_steps_inside_the_budget_and_passes_it():
+    # --k 4 --block-size 4: 16 tokens covered; an exact prefill of 8 then 8 sparse steps inside
+    # the budget, a sparse prefill of 8, and a 24-token prompt past it (its 4 decode steps only finite)
+    assert plan(covered=16, capacity=8192) == [(8, 8, True), (8, 0, False), (24, 4, True)]
+    assert plan(covered=1, capacity=8192) == [(1, 0, True), (1, 0, False), (24, 4, True)]
+    assert plan(covered=256, capacity=8192) == [(24, 8, True), (24, 0, False), (264, 4, True)]
+    assert plan(covered=2048, capacity=300) == [(24, 8, True), (24, 0, False), (296, 4, True)]
+
+
+def test_the_validation_catches_what_only_decode_steps_show(tmp_path, monkeypatch):
+    """A rewrite whose RoPE positions forget the cached tokens is exact on a prefill from an empty
+    cache (all the old validation ran) and wrong on every decode step."""
+    import onnx_ir as ir
+
+    from quest_ort.export import rewrite
+    from quest_ort.export.rewrite import model_io
+
+    def positions_without_past(graph, past_lens, input_ids):
+        zero = ir.node("Sub", [past_lens, past_lens])
+        graph.append(zero)
+        return model_io.positions_from_past_lens(graph, zero.outputs[0], input_ids)
+
+    monkeypatch.setattr(rewrite, "positions_from_past_lens", positions_without_past)
+    with pytest.raises(ExportError, match="validation failed: .* at decode step 1 after a 8-token prompt"):
+        export_sparse("qwen3", output=tmp_path / "out", settings=SparseSettings(top_k=4, block_size=4),
+                      model=str(tiny_model("qwen3").checkpoint), capacity=256, log=lambda *a, **k: None)
+    assert not (tmp_path / "out").exists()

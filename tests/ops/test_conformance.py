@@ -1,0 +1,85 @@
+"""Op conformance: the native kernels and the standard-op function bodies against the NumPy reference.
+
+Selections and cache writes compare bit for bit; attention outputs within the dtype tolerance.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from quest_ort.ops.reference import quest_metadata, sparse_block_attention, sparse_block_select
+from quest_ort.runtime.single_op import run_op
+from support.cases import CASES, attention_args, make_data, metadata_args, select_args, with_specials
+from support.tolerances import assert_close, assert_equal, assert_used_blocks_equal
+
+PATHS = pytest.mark.parametrize("native", [True, False], ids=["kernel", "body"])
+EACH_CASE = pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+
+
+@functools.cache
+def _data(case):
+    return make_data(case)
+
+
+@functools.cache
+def _expected_attention(case, sparse):
+    inputs, attributes = attention_args(_data(case), sparse)
+    return sparse_block_attention(**inputs, **attributes)
+
+
+@EACH_CASE
+@PATHS
+def test_quest_metadata(case, native):
+    inputs, attributes = metadata_args(_data(case))
+    expected_max, expected_min = quest_metadata(**inputs, **attributes)
+    got = run_op("QuestMetadata", inputs, attributes, native=native)
+    # Blocks that hold no valid token are unspecified: compare the blocks that do.
+    total = inputs["total_lens"] if inputs["total_lens"] is not None else inputs["past_lens"] + case.new_tokens
+    for name, expected in (("block_max_out", expected_max), ("block_min_out", expected_min)):
+        assert_used_blocks_equal(got[name], expected, total, case.block_size, name)
+
+
+@EACH_CASE
+@PATHS
+def test_sparse_block_select(case, native):
+    inputs, attributes = select_args(_data(case))
+    expected = sparse_block_select(**inputs, **attributes)
+    got = run_op("SparseBlockSelect", inputs, attributes, native=native)["block_indices"]
+    assert_equal(got, expected, "block_indices", axes="(b, n, s) x K")
+
+
+@EACH_CASE
+@PATHS
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+def test_sparse_block_attention(case, native, sparse):
+    inputs, attributes = attention_args(_data(case), sparse)
+    _check_attention(case, inputs, attributes, _expected_attention(case, sparse), native)
+
+
+# The function bodies materialise [B, N, G, S, C]: the cheapest cases.
+NON_FINITE_CASES = sorted(CASES, key=lambda case: case.body_cost())[:8]
+
+
+@pytest.mark.parametrize("case", NON_FINITE_CASES, ids=lambda case: case.id)
+@PATHS
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+def test_attention_on_non_finite_numbers(case, native, sparse):
+    """NaN, infinities, subnormals and float16 overflow in the query, keys, values and caches: NaN
+    exactly where the contract says (docs/ops.md), finite values within tolerance elsewhere."""
+    inputs, attributes = attention_args(_data(case), sparse)
+    inputs = with_specials(inputs)
+    _check_attention(case, inputs, attributes, sparse_block_attention(**inputs, **attributes), native)
+
+
+def _check_attention(case, inputs, attributes, expected, native):
+    """The op's four outputs against the reference's: caches bit for bit, the rest within tolerance."""
+    output, key_cache, value_cache, importance = expected
+    names = ("output", "key_cache_out", "value_cache_out", "block_importance")
+    got = run_op("SparseBlockAttention", inputs, attributes, outputs=names, native=native)
+    assert_close(got["output"], output, np.dtype(case.dtypes[0]), "output", axes="(b, s) x H*D")
+    assert_equal(got["key_cache_out"], key_cache, "key_cache_out", axes="(b, n, t) x D")
+    assert_equal(got["value_cache_out"], value_cache, "value_cache_out", axes="(b, n, t) x D")
+    assert_close(got["block_importance"], importance, np.float32, "block_importance", axes="(b, n) x M")

@@ -1,0 +1,66 @@
+"""The function bodies as a model carries them: runnable in a plain ONNX Runtime without the library."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from quest_ort.graphs import op_model
+from quest_ort.graphs.functions import attach_function_bodies, expand_quest_ops
+from quest_ort.ops.reference import sparse_block_attention, sparse_block_select
+from quest_ort.runtime import make_session
+from support.cases import CASES, attention_args, make_data, select_args
+from support.tolerances import assert_close, assert_equal
+
+CASE = next(c for c in CASES if c.ranks_blocks() and c.batch == 3)
+
+
+def _feeds(inputs):
+    return {k: v for k, v in inputs.items() if v is not None}
+
+
+@pytest.mark.parametrize("register_library", [False, True], ids=["plain-ort", "with-library"])
+def test_model_carrying_function_bodies_runs(register_library):
+    inputs, attributes = select_args(make_data(CASE))
+    model = attach_function_bodies(op_model("SparseBlockSelect", inputs, attributes))
+    assert any(f.name == "SparseBlockSelect" for f in model.functions)
+    onnx.checker.check_model(model)
+    session = make_session(model, register_library=register_library)
+    got = session.run(None, _feeds(inputs))[0]
+    assert_equal(got, sparse_block_select(**inputs, **attributes), "block_indices")
+
+
+def test_expanded_model_has_only_standard_ops():
+    inputs, attributes = attention_args(make_data(CASE))
+    model = expand_quest_ops(op_model("SparseBlockAttention", inputs, attributes,
+                                      outputs=("output", "key_cache_out", "value_cache_out")))
+    assert {node.domain for node in model.graph.node} <= {""}
+    assert all(o.domain != "quest" for o in model.opset_import)
+    onnx.checker.check_model(model, full_check=True)
+    got = make_session(model, register_library=False).run(None, _feeds(inputs))
+    expected = sparse_block_attention(**inputs, **attributes)
+    assert_close(got[0], expected[0], np.dtype(CASE.dtypes[0]), "output")
+
+
+def test_attaching_refuses_nodes_that_differ():
+    inputs, attributes = select_args(make_data(CASE))
+    model = op_model("SparseBlockSelect", inputs, attributes)
+    twin = onnx.helper.make_node("SparseBlockSelect", list(model.graph.node[0].input), ["other"], domain="quest",
+                                 **{**attributes, "top_k": attributes["top_k"] + 1})
+    model.graph.node.append(twin)
+    with pytest.raises(ValueError, match="expand_quest_ops"):
+        attach_function_bodies(model)
+
+
+def test_registered_library_takes_precedence_over_a_carried_body():
+    """With the library registered ORT runs the kernel (which copies an unbound cache), else the body."""
+    from quest_ort.ops import native_copied_bytes
+
+    inputs, attributes = attention_args(make_data(CASE), sparse=False)
+    model = attach_function_bodies(op_model("SparseBlockAttention", inputs, attributes))
+    for register_library, copies in ((True, True), (False, False)):
+        session = make_session(model, register_library=register_library)
+        before = native_copied_bytes()
+        session.run(None, _feeds(inputs))
+        assert (native_copied_bytes() > before) == copies
