@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from . import ROOT
-from .quality_runtime import block_bounds
+from .quality_runtime import block_bounds, sharing_cache
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODELS = ROOT / "build" / "models"
@@ -64,18 +64,17 @@ def ensure_models() -> dict[str, pathlib.Path]:
 def fill(model, cache, context: int, rng) -> None:
     """Synthetic caches holding `context` tokens per row: random keys/values, and the block bounds
     QuestMetadata would write (quality_runtime.block_bounds, by the op's NumPy reference)."""
-    for layer in model.sidecar.layers:
-        for name in (layer.past_key, layer.past_value):
-            flat = cache.buffers[name].reshape(-1)
+    for layer in cache.layers:
+        for array in (layer.key, layer.value):
+            flat = array.reshape(-1)
             for start in range(0, flat.size, 1 << 24):
                 part = flat[start : start + (1 << 24)]
                 part[:] = rng.standard_normal(part.size, dtype=np.float32)
-        if layer.past_block_max is None:  # a dense layer
+        if layer.block_max is None:  # a dense layer
             continue
-        high, low = cache.buffers[layer.past_block_max], cache.buffers[layer.past_block_min]
-        bounds = block_bounds(cache.buffers[layer.past_key], context, model.sidecar.settings.block_size, high.dtype)
+        bounds = block_bounds(layer.key, context, model.sidecar.settings.block_size, layer.block_max.dtype)
         blocks = bounds[0].shape[-2]
-        high[:, :, :blocks], low[:, :, :blocks] = bounds
+        layer.block_max[:, :, :blocks], layer.block_min[:, :, :blocks] = bounds
     cache.lengths[:] = context
 
 
@@ -171,11 +170,8 @@ def main(argv=None):
     settings = quest.sidecar.settings
     label = f"Quest K={settings.top_k} P={settings.block_size} {settings.group_reduce}"
     cache = quest.new_cache(1, CAPACITY)
-    gqa_cache = gqa.new_cache(1, CAPACITY)
     # Both models read the same key/value buffers (same layout), so they decode the same context.
-    for name in gqa_cache.buffers:
-        gqa_cache.buffers[name] = cache.buffers[name]
-        gqa_cache.values[name] = cache.values[name]
+    gqa_cache = sharing_cache(gqa, cache)
     rng = np.random.default_rng(0)
     rows = []
     for context in CONTEXTS:

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from quest_ort.model_folder.cache import LayerCaches, cache_layout
 from quest_ort.ops.reference import quest_metadata
 from quest_ort.runtime.buffers import cache_buffer
 from quest_ort.runtime.generate import PREFILL_CHUNK, choose, Sampling
@@ -151,17 +152,16 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 def check_block_bounds(model, cache: KVCache) -> None:
     """Raise unless block_bounds, from the keys in `cache`, reproduces (bit for bit) every row's
     bounds that QuestMetadata built in it."""
-    for layer in model.sidecar.layers:
-        if not layer.sparse:
+    for index, layer in enumerate(cache.layers):
+        if layer.block_max is None:
             continue
         for row, length in enumerate(cache.lengths.tolist()):
-            stored_max, stored_min = cache.buffers[layer.past_block_max][row], cache.buffers[layer.past_block_min][row]
-            high, low = block_bounds(cache.buffers[layer.past_key][row], length, model.sidecar.settings.block_size,
-                                     stored_max.dtype)
+            stored_max, stored_min = layer.block_max[row], layer.block_min[row]
+            high, low = block_bounds(layer.key[row], length, model.sidecar.settings.block_size, stored_max.dtype)
             blocks = high.shape[-2]
             if not (same_bits(high, stored_max[:, :blocks]) and same_bits(low, stored_min[:, :blocks])):
-                raise AssertionError(f"recomputed block bounds differ from {layer.past_block_max} (row {row}, "
-                                     f"{length} tokens, P={model.sidecar.settings.block_size}) that QuestMetadata built")
+                raise AssertionError(f"recomputed block bounds differ from layer {index}'s (row {row}, {length} tokens, "
+                                     f"P={model.sidecar.settings.block_size}) that QuestMetadata built")
 
 
 def sharing_cache(model, source: KVCache) -> KVCache:
@@ -169,43 +169,38 @@ def sharing_cache(model, source: KVCache) -> KVCache:
     own block bounds, empty until `rebuild_bounds`. Decode steps write keys and values only at and
     after each row's length, so caches sharing them stay valid as long as each restores its own
     lengths and bounds (Snapshot) before it steps."""
-    s = model.sidecar
-    bounds_dtype = np.dtype(s.bounds_dtype)
-    blocks = -(-source.capacity // s.settings.block_size)
-    buffers = {}
-    for layer in s.layers:
-        for name in (layer.past_key, layer.past_value):
-            buffers[name] = source.buffers[name]
-        if layer.sparse:
-            for name in (layer.past_block_max, layer.past_block_min):
-                buffers[name] = cache_buffer((source.batch, s.geometry.kv_num_heads, blocks, s.geometry.head_dim), bounds_dtype)
-        if layer.past_block_importance:
-            raise ValueError(f"{model.directory}: the evaluation runs bound-score exports without block importance")
-    values = {name: source.values[name] if array is source.buffers.get(name) else ort.OrtValue.ortvalue_from_numpy(array)
-              for name, array in buffers.items()}
-    return KVCache(source.capacity, source.lengths.copy(), buffers, values)
+    layout = cache_layout(model.sidecar, source.batch, source.capacity)
+    if any(layer.block_importance is not None for layer in layout):
+        raise ValueError(f"{model.directory}: the evaluation runs bound-score exports without block importance")
+
+    def own_bounds(spec):
+        return None if spec is None else cache_buffer(spec.shape, spec.dtype)
+
+    layers = [LayerCaches(shared.key, shared.value, own_bounds(specs.block_max), own_bounds(specs.block_min))
+              for specs, shared in zip(layout, source.layers, strict=True)]
+    names = [specs.map(lambda spec: spec.name) for specs in layout]
+    shared = {name: source.values[name] for named in names for name in (named.key, named.value)}
+    return KVCache.of(source.capacity, source.lengths.copy(), layers, names, values=shared)
 
 
 def rebuild_bounds(model, cache: KVCache) -> None:
     """Recompute every row's block bounds in `cache` from its keys (the state after an exact prefill
     of `cache.lengths` tokens at `model`'s block size)."""
-    for layer in model.sidecar.layers:
-        if not layer.sparse:
+    for layer in cache.layers:
+        if layer.block_max is None:
             continue
-        stored_max, stored_min = cache.buffers[layer.past_block_max], cache.buffers[layer.past_block_min]
         for row, length in enumerate(cache.lengths.tolist()):
-            high, low = block_bounds(cache.buffers[layer.past_key][row], length, model.sidecar.settings.block_size,
-                                     stored_max.dtype)
-            stored_max[row, :, : high.shape[-2]] = high
-            stored_min[row, :, : low.shape[-2]] = low
+            high, low = block_bounds(layer.key[row], length, model.sidecar.settings.block_size, layer.block_max.dtype)
+            layer.block_max[row, :, : high.shape[-2]] = high
+            layer.block_min[row, :, : low.shape[-2]] = low
 
 
 def copy_prompt_state(model, source: KVCache, target: KVCache, row: int, length: int) -> None:
     """Row 0's first `length` keys and values of `source` into `row` of `target` (caches of exports of
-    one checkpoint, whose layers share names), which then holds `length` tokens (bounds rebuilt later)."""
-    for layer in model.sidecar.layers:
-        for name in (layer.past_key, layer.past_value):
-            target.buffers[name][row, :, :length] = source.buffers[name][0, :, :length]
+    one checkpoint, layer for layer), which then holds `length` tokens (bounds rebuilt later)."""
+    for into, layer in zip(target.layers, source.layers, strict=True):
+        into.key[row, :, :length] = layer.key[0, :, :length]
+        into.value[row, :, :length] = layer.value[0, :, :length]
     target.lengths[row] = length
 
 
@@ -215,12 +210,13 @@ class Snapshot:
 
     def __init__(self, cache: KVCache):
         self.cache = cache
-        self.saved = {name: array.copy() for name, array in cache.buffers.items() if name.startswith("past_block_")}
+        self.saved = [(array, array.copy()) for layer in cache.layers for array in (layer.block_max, layer.block_min)
+                      if array is not None]
         self.lengths = cache.lengths.copy()
 
     def restore(self) -> KVCache:
-        for name, array in self.saved.items():
-            self.cache.buffers[name][...] = array
+        for array, saved in self.saved:
+            array[...] = saved
         self.cache.lengths[...] = self.lengths
         return self.cache
 

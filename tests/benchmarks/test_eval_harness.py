@@ -71,8 +71,7 @@ def test_recomputed_bounds_equal_the_ops_and_a_changed_bound_is_caught(suite):
     generator = Generator(suite.default)
     generator.generate([_prompts()[1].ids], Sampling(max_new_tokens=ANSWER))
     qr.check_block_bounds(suite.default, generator.cache)
-    layer = next(layer for layer in suite.sidecar.layers if layer.sparse)
-    bounds = generator.cache.buffers[layer.past_block_max]
+    bounds = next(layer.block_max for layer in generator.cache.layers if layer.block_max is not None)
     bounds[0, 1, 3, 5] = np.nextafter(bounds[0, 1, 3, 5], np.float16(np.inf))
     with pytest.raises(AssertionError, match="recomputed block bounds differ"):
         qr.check_block_bounds(suite.default, generator.cache)

@@ -98,8 +98,9 @@ def test_small_budget_selects_what_the_reference_selects(family, group_reduce):
     def capture(feeds, into=None):
         out = original_run(feeds, into)
         # The metadata outputs are bound in place: after the step they are the cache buffers.
-        out = {**out, **{f"present_block_{kind}.{layer}": cache.buffers[f"past_block_{kind}.{layer}"].copy()
-                         for layer in sidecar.sparse_layers for kind in ("max", "min")}}
+        out = {**out, **{name: array.copy() for io, layer in zip(sidecar.layers, cache.layers) if io.sparse
+                         for name, array in ((io.present_block_max, layer.block_max),
+                                             (io.present_block_min, layer.block_min))}}
         feeds_seen.append((dict(feeds), out))
         return out
 
@@ -218,18 +219,19 @@ def test_importance_accumulates_the_attention_mass_of_every_query():
     reset cache starts from zero again."""
     folder = quest_export("qwen3", top_k=2, importance_fraction=0.5)
     model = QuestModel(folder, threads=1)
-    layers = [layer for layer in model.sidecar.layers if layer.past_block_importance]
-    assert [model.sidecar.layers.index(layer) for layer in layers] == model.sidecar.sparse_layers
+    tracking = [index for index, io in enumerate(model.sidecar.layers) if io.past_block_importance]
+    assert tracking == model.sidecar.sparse_layers
     group = 4 // 2  # tiny qwen3: 4 query heads over 2 KV heads
     cache = model.new_cache(2, capacity=256)
     model.step(cache, np.array([_prompt(8, 70), _prompt(9, 70)]))
     for token in (3, 4, 5):
         model.step(cache, np.array([[token], [token]]))
-    for layer in layers:
-        mass = cache.buffers[layer.past_block_importance]
+    assert [index for index, layer in enumerate(cache.layers) if layer.block_importance is not None] == tracking
+    for layer in (cache.layers[index] for index in tracking):
+        mass = layer.block_importance
         assert mass.shape == (2, 2, 256 // 16)
         np.testing.assert_allclose(mass.sum(axis=-1), np.full((2, 2), group * 73.0), rtol=1e-5)
         assert (mass[..., (73 + 15) // 16:] == 0).all(), "blocks past the cached tokens hold mass"
     cache.reset()
-    for layer in layers:
-        assert not cache.buffers[layer.past_block_importance].any()
+    for index in tracking:
+        assert not cache.layers[index].block_importance.any()

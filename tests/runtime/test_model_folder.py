@@ -390,3 +390,47 @@ def test_external_data_inside_subgraphs_is_checked_like_the_main_graphs(tmp_path
     (inner / "inside.bin").write_bytes(np.ones(4, np.float32).tobytes())
     onnx.save(SUBGRAPHS[kind]("inside.bin"), str(path))
     assert check_external_data(path) == {"inside.bin"}
+
+
+# Every key of format quest_ort.model/1's JSON: a change to this set is a new format (bump FORMAT).
+FORMAT_1_KEYS = {
+    "activation_dtype", "attention", "block_size", "bounds_dtype", "capacity", "dense_layers", "eos_token_ids",
+    "exporter", "family", "format", "group_reduce", "head_dim", "importance_fraction", "inputs", "kv_dtype",
+    "kv_num_heads", "layers", "model_file", "num_heads", "num_layers", "num_probes", "outputs", "portable",
+    "recent_blocks", "score", "sink_blocks", "source", "sparse_layers", "tokenizer", "top_k", "vocab_size"}
+
+
+@pytest.mark.parametrize("settings", [QUEST, GQA], ids=["quest", "gqa"])
+def test_the_sidecar_is_its_geometry_and_settings_and_keeps_format_1s_json(settings):
+    from quest_ort.model_folder.settings import Geometry, SparseSettings
+    from quest_ort.model_folder.sidecar import Sidecar
+
+    folder = quest_export("qwen3", **settings)
+    written = json.loads((folder / SIDECAR).read_text())
+    assert set(written) == FORMAT_1_KEYS
+    sidecar = Sidecar.read(folder)
+    assert sidecar.to_dict() == written
+    assert sidecar.geometry == Geometry(**{name: written[name] for name in
+                                           ("num_layers", "num_heads", "kv_num_heads", "head_dim", "activation_dtype")})
+    assert isinstance(sidecar.settings, SparseSettings) and sidecar.settings.top_k == settings["top_k"]
+    assert sidecar.settings.attention == settings.get("attention", "quest")
+
+
+@pytest.mark.parametrize("settings", [QUEST, GQA], ids=["quest", "gqa"])
+def test_the_cache_view_holds_each_layers_caches_as_the_layout_says(settings):
+    """cache.layers[l].key, .value, .block_max, .block_min, .block_importance: the arrays bound to
+    layer l's inputs, of the layout's shapes and types; None where the layer has no such cache."""
+    from quest_ort.model_folder.cache import cache_layout
+
+    model = QuestModel(quest_export("qwen3", **settings), threads=1)
+    cache = model.new_cache(2, capacity=40)
+    layout = cache_layout(model.sidecar, 2, 40)
+    assert len(cache.layers) == len(layout) == len(model.sidecar.layers)
+    for io, layer, specs in zip(model.sidecar.layers, cache.layers, layout):
+        assert [role for role, _ in layer.items()] == [role for role, _ in specs.items()]
+        assert (layer.block_max is not None) == io.sparse == (io.past_block_max is not None)
+        assert (layer.block_importance is not None) == (io.past_block_importance is not None)
+        for (role, array), (_, spec) in zip(layer.items(), specs.items()):
+            assert cache.buffers[spec.name] is array, role
+            assert (array.shape, array.dtype) == (spec.shape, spec.dtype), role
+    assert layout[-1].key.shape == (2, model.sidecar.geometry.kv_num_heads, 40, model.sidecar.geometry.head_dim)
