@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -13,9 +14,11 @@ try:
 except FileNotFoundError as missing:
     raise RuntimeError(f"{missing}\nRun the tests with `make test` (it installs the package into .venv first)")
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
 # The benchmarks are imported as the package `benchmarks` (tests/benchmarks, tests/runtime): the
 # repository root goes last on sys.path, after site-packages, so that `quest_ort` stays the
-# installed package checked above. (The test areas have no __init__.py; their helpers are the
+# installed package checked above (no folder of the root is named quest_ort: docs/architecture.md). (The test areas have no __init__.py; their helpers are the
 # package `support`, found through pyproject's pythonpath = ["tests"].)
 sys.path.append(str(REPO))
 
