@@ -178,6 +178,57 @@ def test_the_cann_build_option_fails_clearly_without_a_toolkit(tmp_path):
     assert "QUEST_ORT_CANN=ON needs the Ascend CANN toolkit" in run.stdout + run.stderr
 
 
+CSRC = REPO / "ops" / "csrc"
+SELECT_ITEM = CSRC / "cann" / "kernels" / "select_item.h"
+SELECT_RULE = CSRC / "kernels" / "select_rule.h"
+NPU_SELECT_KERNEL = CSRC / "cann" / "kernels" / "sparse_block_select_npu.cpp"
+
+
+@pytest.mark.parametrize("user", [NPU_SELECT_KERNEL, CSRC / "cann" / "emulator" / "emulated_kernels.cc"],
+                         ids=lambda path: path.name)
+def test_the_npu_select_kernel_and_the_emulator_run_one_per_item_selection(user):
+    """The AscendC source is not compiled here: the emulator checks its selection only because both
+    run the same code, select_item.h's (the rule of kernels/select_rule.h), with no rule of their own."""
+    source = user.read_text()
+    assert re.search(r'#include "(\.\./kernels/)?select_item\.h"', source)
+    assert re.search(r"\bselect_item\(", source), "the items are not selected by select_item.h"
+    for own_rule in ("ranks_before", "BestList", "importance_quota", "take_forced", "sink_blocks", "recent_blocks"):
+        assert own_rule not in source, f"{user.name} spells out its own {own_rule}"
+
+
+def test_the_shared_selection_builds_as_device_code(tmp_path):
+    """select_item.h and select_rule.h as the AscendC compiler gets them (__aicore__ functions):
+    C++17, nothing of the C++ library but <cstdint>, every template instantiated."""
+    (tmp_path / "cstdint").write_text("#include <stdint.h>\n")
+    unit = tmp_path / "device.cc"
+    unit.write_text(f'''#include "{SELECT_ITEM}"
+template <class V> struct Array {{
+  V* data;
+  V get(int64_t i) const {{ return data[i]; }}
+  void set(int64_t i, V v) {{ data[i] = v; }}
+}};
+struct Core {{
+  int32_t out[64], chosen[64];
+  float values[64];
+  int64_t past_len(int64_t) const {{ return 0; }}
+  int64_t total_len(int64_t) const {{ return 1; }}
+  void set_index(int64_t at, int32_t block) {{ out[at] = block; }}
+  Array<int32_t> chosen_blocks() {{ return {{chosen}}; }}
+  Array<float> importance_chunk(int64_t, int64_t, int64_t) {{ return {{values}}; }}
+  void load_query(int64_t, int64_t, int64_t) {{}}
+  Array<float> score_chunk(int64_t, int64_t, int64_t, int) {{ return {{values}}; }}
+}};
+void select(Core& core, const quest::cann::SelectPlan& plan, Array<float> scores, Array<int32_t> blocks) {{
+  quest::cann::select_item(core, plan, 0, scores, blocks);
+}}
+''')
+    env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}  # make test-sanitize's libasan
+    run = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-nostdinc++",
+                          "-isystem", str(tmp_path), "-D__CCE_KT_TEST__", "-D__aicore__=", str(unit)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr
+
+
 def test_a_portable_export_runs_without_the_library_and_matches_the_native_ops(tmp_path):
     """export-sparse --portable: standard ops only, every one on the CANN graph-mode list, run in a
     plain ONNX Runtime session (no op library), the same greedy tokens and close logits as the

@@ -1,7 +1,8 @@
-// The selection procedure every SparseBlockSelect variant shares: forced blocks, importance, top-k.
+// How the CPU kernels carry out the selection rule (select_rule.h): the best blocks by the rule's
+// order over all of a query's blocks at once, and the row selection every CPU variant shares.
 //
-// Variants differ only in how they score blocks; the order that ranks blocks and the procedure
-// that fills the budget live here once, so every variant selects exactly the same blocks.
+// Variants differ only in how they score blocks; the way they keep and rank blocks lives here
+// once, so every variant selects exactly the same blocks.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "select_rule.h"
 #include "sparse_block_select.h"
 
 #if defined(__SSE2__)
@@ -54,15 +56,8 @@ inline uint32_t compare_mask32(const float* values, float bound) {
   return mask;
 }
 
-// True when block a ranks before block b: higher value first, NaN last, ties to the lower index.
-// A strict total order, so the chosen set never depends on the selection algorithm.
-inline bool ranks_before(const float* values, int32_t a, int32_t b) {
-  const float va = values[a], vb = values[b];
-  const bool nan_a = std::isnan(va), nan_b = std::isnan(vb);
-  if (nan_a != nan_b) return nan_b;
-  if (!nan_a && va != vb) return va > vb;
-  return a < b;
-}
+// True when block a ranks before block b by `values` (the rule's order, select_rule.h).
+inline bool ranks_before(const float* values, int32_t a, int32_t b) { return ranks_before(values[a], a, values[b], b); }
 
 // A block's rank as one integer, greater for a block that ranks before (ranks_before): the value's
 // order-preserving bits (NaN lowest, -0 as +0) above the complement of the index (ties to the
@@ -217,39 +212,33 @@ inline void take_block(int32_t m, SelectScratch& s) {
   s.chosen.push_back(m);
 }
 
-// Selects the blocks of one (b, n, query) whose own block is `current` and writes `row` [K]:
-// ascending, -1 padded. `score_blocks(eligible, scores)` fills the bound of blocks [0, eligible),
-// or returns where it holds them (const float*); it runs only when the ranking needs the scores.
+// The rule's selection (select_blocks) of one output row [K] in a CPU kernel: blocks kept in the
+// scratch, the best ones found by choose_best over all of a query's values at once.
 template <typename ScoreBlocks>
-void select_row(const SparseBlockSelectParams& prm, const float* importance, int64_t current, int32_t* row,
-                SelectScratch& s, ScoreBlocks&& score_blocks) {
-  const int64_t K = prm.top_k, eligible = current + 1;
-  std::fill(row, row + K, -1);
-  if (eligible <= K) {
+struct RowSelection {
+  int32_t* row;
+  int64_t top_k;
+  const float* importance;  // the item's [M] block importance, or null
+  SelectScratch& s;
+  ScoreBlocks& score_blocks;
+
+  void take_all(int64_t eligible) {
+    std::fill(row, row + top_k, -1);
     for (int64_t m = 0; m < eligible; ++m) row[m] = static_cast<int32_t>(m);
-    return;
   }
-  s.chosen.clear();
-  s.taken.assign(eligible, 0);
-  // Forced blocks in priority order: recent newest first, then sinks ascending; at most K.
-  for (int64_t m = current; m > current - prm.recent_blocks && m >= 0; --m) take_block(static_cast<int32_t>(m), s);
-  for (int64_t m = 0; m < std::min(prm.sink_blocks, eligible); ++m) take_block(static_cast<int32_t>(m), s);
-  if (static_cast<int64_t>(s.chosen.size()) > K) {
-    for (size_t j = K; j < s.chosen.size(); ++j) s.taken[s.chosen[j]] = 0;
-    s.chosen.resize(K);
+  void begin(int64_t eligible) {
+    s.chosen.clear();
+    s.taken.assign(eligible, 0);
   }
-  int64_t remaining = K - static_cast<int64_t>(s.chosen.size());
-  if (importance != nullptr && remaining > 0) {
-    const auto by_importance = static_cast<int64_t>(
-        std::floor(static_cast<double>(prm.importance_fraction) * static_cast<double>(remaining)));
-    choose_best(importance, eligible, by_importance, s);
-    remaining -= by_importance;
-  }
-  if (remaining > 0) {
+  int64_t taken_count() const { return static_cast<int64_t>(s.chosen.size()); }
+  void take(int32_t m) { take_block(m, s); }
+  bool has_importance() const { return importance != nullptr; }
+  void take_best_importance(int64_t eligible, int64_t count) { choose_best(importance, eligible, count, s); }
+  void take_best_scores(int64_t eligible, int64_t count) {
     // Scoring may offer blocks to the selection as their scores are written (s.offer_until, ascending),
     // so that its work overlaps the reads; the blocks it did not offer follow here.
     s.scores.resize(eligible);
-    s.begin_best(remaining);
+    s.begin_best(count);
     if constexpr (std::is_void_v<decltype(score_blocks(eligible, s.scores.data()))>) {
       score_blocks(eligible, s.scores.data());
       s.end_best(s.scores.data(), eligible);
@@ -257,8 +246,56 @@ void select_row(const SparseBlockSelectParams& prm, const float* importance, int
       s.end_best(score_blocks(eligible, s.scores.data()), eligible);
     }
   }
-  std::sort(s.chosen.begin(), s.chosen.end());
-  std::copy(s.chosen.begin(), s.chosen.end(), row);
+  void finish() {
+    std::sort(s.chosen.begin(), s.chosen.end());
+    std::fill(std::copy(s.chosen.begin(), s.chosen.end(), row), row + top_k, -1);
+  }
+};
+
+// Selects the blocks of one (b, n, query) whose own block is `current` and writes `row` [K]:
+// ascending, -1 padded. `score_blocks(eligible, scores)` fills the bound of blocks [0, eligible),
+// or returns where it holds them (const float*); it runs only when the ranking needs the scores.
+template <typename ScoreBlocks>
+void select_row(const SparseBlockSelectParams& prm, const float* importance, int64_t current, int32_t* row,
+                SelectScratch& s, ScoreBlocks&& score_blocks) {
+  RowSelection<std::remove_reference_t<ScoreBlocks>> selection{row, prm.top_k, importance, s, score_blocks};
+  select_blocks(prm, current, selection);
+}
+
+// The inputs of work item (b, n), item = b * kv_heads + n.
+template <typename TC>
+struct SelectItem {
+  int64_t index, b, n, past, total;
+  const float* importance;  // [M] or null
+  const TC* kmax;           // [M, D]
+  const TC* kmin;           // [M, D]
+};
+
+// The CPU kernels' walk over items [begin, end): per item, per query i, its output rows (own head
+// 0 .. selections - 1, together); rows of a query past total_lens or attending exactly are all
+// -1, the others go to select_query_row(item, i, own, p, row) (p: the query's position).
+template <typename TC, typename SelectQueryRow>
+void for_each_select_row(const SparseBlockSelectParams& prm, int64_t begin, int64_t end,
+                         SelectQueryRow&& select_query_row) {
+  const int64_t S = prm.query_len, K = prm.top_k, M = prm.num_blocks, D = prm.head_dim;
+  const int64_t selections = selections_per_item(prm);
+  for (int64_t index = begin; index < end; ++index) {
+    const int64_t b = index / prm.kv_heads;
+    const SelectItem<TC> item{index, b, index % prm.kv_heads, prm.past_lens[b], prm.total_lens[b],
+                              prm.block_importance ? prm.block_importance + index * M : nullptr,
+                              static_cast<const TC*>(prm.block_max) + index * M * D,
+                              static_cast<const TC*>(prm.block_min) + index * M * D};
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t p = item.past + i;
+      for (int64_t own = 0; own < selections; ++own) {
+        int32_t* row = prm.block_indices + (index * selections * S + own * S + i) * K;
+        if (p >= item.total || attends_exactly(prm, b, p))
+          std::fill(row, row + K, -1);
+        else
+          select_query_row(item, i, own, p, row);
+      }
+    }
+  }
 }
 
 }  // namespace quest

@@ -5,10 +5,8 @@
 
 namespace quest::ort {
 
-// The CPU kernels of every op, one registration per dtype pair (register.cc); with the CANN
-// library also the NPU kernels (cann/ort/cann_ops.cc).
+// The CPU kernels of every op, one registration per dtype pair (register.cc).
 void add_cpu_ops(Ort::CustomOpDomain& domain);
-void add_cann_ops(Ort::CustomOpDomain& domain);
 
 // num_heads must be a multiple of kv_num_heads (checked when the session is created).
 void check_head_grouping(const schema::OpSchema& op, const Attributes& attributes);

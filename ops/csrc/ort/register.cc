@@ -5,6 +5,9 @@
 #include "../kernels/dispatch.h"
 #include "adapter.h"
 #include "ops.h"
+#ifdef QUEST_ORT_WITH_CANN
+#include "../cann/ort/cann_ops.h"  // libquest_ort_cann.so registers its NPU kernels as well
+#endif
 
 namespace quest::ort {
 
@@ -57,7 +60,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
       domain = new Ort::CustomOpDomain(quest::schema::kDomain);
       quest::ort::add_cpu_ops(*domain);
 #ifdef QUEST_ORT_WITH_CANN
-      quest::ort::add_cann_ops(*domain);  // libquest_ort_cann.so: the NPU kernels as well
+      quest::ort::add_cann_ops(*domain);
 #endif
     });
     Ort::UnownedSessionOptions(options).Add(*domain);

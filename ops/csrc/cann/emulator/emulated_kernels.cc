@@ -9,7 +9,7 @@
 
 #include "../../kernels/arith.h"
 #include "../../kernels/types.h"
-#include "../host/select_core.h"
+#include "../kernels/select_item.h"
 
 namespace quest::cann {
 namespace {
@@ -134,134 +134,113 @@ void metadata_core(const MetadataPlan& plan, const QuestMetadataParams& prm, Uni
   }
 }
 
-// The (reduced) query rows of one item into the plan's query buffer, zero padded.
-template <typename T>
-void load_query(const SelectPlan& plan, const SparseBlockSelectParams& prm, UnifiedBuffer& ub, int64_t b, int64_t n,
-                int64_t i) {
-  const SelectShape& s = plan.shape;
-  const int64_t G = s.num_heads / s.kv_heads, D = s.head_dim, S = s.query_len, Dp = plan.dim_padded;
-  const T* query = static_cast<const T*>(prm.query);
-  auto rows = ub.view<float>(plan.query, "query");
-  auto scratch = ub.view<float>(plan.products, "products");  // free until the scoring starts
-  auto staged = ub.view<T>(plan.bounds[0], "bounds[0]");
-  for (int64_t g = 0; g < G; ++g) {
-    copy_rows_in(staged, 0, query + ((b * s.num_heads + n * G + g) * S + i) * D, 1, D, Dp);
-    if (s.reduce_max) {
-      cast_to_f32<T>(staged, 0, rows, g * Dp, Dp);
-    } else if (g == 0) {
-      cast_to_f32<T>(staged, 0, rows, 0, Dp);
-    } else {
-      cast_to_f32<T>(staged, 0, scratch, 0, Dp);
-      float* sum = rows.at(0, Dp);
-      for (int64_t d = 0; d < Dp; ++d) sum[d] = sum[d] + scratch.get(d);
-    }
-  }
-  if (!s.reduce_max) {
-    float* sum = rows.at(0, Dp);
-    for (int64_t d = 0; d < Dp; ++d) sum[d] = sum[d] / static_cast<float>(G);
-  }
-}
+// One core of the select kernel as the emulator runs it: the data moves and vector steps of
+// sparse_block_select_npu.cpp over the core's UB, for the kernel's own per-item selection
+// (kernels/select_item.h; see Core there).
+template <typename T, typename TC>
+class SelectCore {
+ public:
+  SelectCore(const SelectPlan& plan, const SparseBlockSelectParams& prm, UnifiedBuffer& ub)
+      : plan_(plan), prm_(prm), ub_(ub) {}
 
-template <typename T, typename TC, typename Scores, typename Blocks>
-void select_item(const SelectPlan& plan, const SparseBlockSelectParams& prm, UnifiedBuffer& ub, int64_t item,
-                 Scores candidate_scores, Blocks candidate_blocks) {
-  const SelectShape& s = plan.shape;
-  const int64_t N = s.kv_heads, S = s.query_len, K = s.top_k, P = s.block_size, M = s.num_blocks, D = s.head_dim;
-  const int64_t Dp = plan.dim_padded, nb = plan.blocks_per_chunk;
-  const int64_t b = item / (N * S), n = item / S % N, i = item % S, kv_item = b * N + n;
-  int32_t* out = prm.block_indices + item * K;
-  const int64_t p = prm.past_lens[b] + i;
-  if (p >= prm.total_lens[b]) {
-    for (int64_t j = 0; j < K; ++j) out[j] = -1;
-    return;
+  int64_t past_len(int64_t b) const { return prm_.past_lens[b]; }
+  int64_t total_len(int64_t b) const { return prm_.total_lens[b]; }
+  void set_index(int64_t at, int32_t block) { prm_.block_indices[at] = block; }
+  UnifiedBuffer::View<int32_t> chosen_blocks() { return ub_.view<int32_t>(plan_.chosen, "chosen"); }
+
+  UnifiedBuffer::View<float> importance_chunk(int64_t kv_item, int64_t c0, int64_t count) {
+    auto importance = ub_.view<float>(plan_.importance, "importance");
+    copy_rows_in(importance, 0, prm_.block_importance + kv_item * plan_.shape.num_blocks + c0, 1, count, count);
+    return importance;
   }
-  const int64_t current = p / P, eligible = current + 1;
-  if (eligible <= K) {
-    for (int64_t j = 0; j < K; ++j) out[j] = j < eligible ? static_cast<int32_t>(j) : -1;
-    return;
-  }
-  auto chosen_view = ub.view<int32_t>(plan.chosen, "chosen");
-  Chosen<decltype(chosen_view)> chosen{chosen_view, 0};
-  take_forced(chosen, current, s.sink_blocks, s.recent_blocks, K);
-  int64_t remaining = K - chosen.size;
-  auto take_best = [&](auto& best) {
-    for (int64_t j = 0; j < best.size; ++j) chosen.take(best.blocks.get(j));
-  };
-  if (s.has_importance && remaining > 0) {
-    const int64_t quota = importance_quota(s.importance_fraction, remaining);
-    BestList<Scores, Blocks> best{candidate_scores, candidate_blocks, 0, quota};
-    auto importance = ub.view<float>(plan.importance, "importance");
-    for (int64_t c0 = 0; c0 < eligible && quota > 0; c0 += nb) {
-      const int64_t count = std::min(nb, eligible - c0);
-      copy_rows_in(importance, 0, prm.block_importance + kv_item * M + c0, 1, count, count);
-      for (int64_t j = 0; j < count; ++j)
-        if (!chosen.contains(static_cast<int32_t>(c0 + j))) best.offer(importance.get(j), static_cast<int32_t>(c0 + j));
-    }
-    take_best(best);
-    remaining -= quota;
-  }
-  if (remaining > 0) {
-    load_query<T>(plan, prm, ub, b, n, i);
-    auto query = ub.view<float>(plan.query, "query");
-    auto bounds_f32 = ub.view<float>(plan.bounds_f32, "bounds_f32");
-    auto products = ub.view<float>(plan.products, "products");
-    auto lanes = ub.view<float>(plan.lanes, "lanes");
-    auto best_scores = ub.view<float>(plan.best_scores, "best_scores");
-    UnifiedBuffer::View<TC> bounds[2] = {ub.view<TC>(plan.bounds[0], "bounds[0]"), ub.view<TC>(plan.bounds[1], "bounds[1]")};
-    BestList<Scores, Blocks> best{candidate_scores, candidate_blocks, 0, remaining};
-    const TC* kmax = static_cast<const TC*>(prm.block_max) + kv_item * M * D;
-    const TC* kmin = static_cast<const TC*>(prm.block_min) + kv_item * M * D;
-    int buffer = 0;
-    for (int64_t c0 = 0; c0 < eligible; c0 += nb, buffer ^= 1) {
-      const int64_t count = std::min(nb, eligible - c0);
-      copy_rows_in(bounds[buffer], 0, kmax + c0 * D, count, D, Dp);
-      copy_rows_in(bounds[buffer], nb * Dp, kmin + c0 * D, count, D, Dp);
-      cast_to_f32<TC>(bounds[buffer], 0, bounds_f32, 0, count * Dp);
-      cast_to_f32<TC>(bounds[buffer], nb * Dp, bounds_f32, nb * Dp, count * Dp);
-      for (int64_t r = 0; r < plan.query_rows; ++r) {
-        const float* q = query.at(r * Dp, Dp);
-        // Mul, Mul, Max over [count, Dp]: max(q*kmax, q*kmin) element by element.
-        float* up = products.at(0, count * Dp);
-        float* down = products.at(nb * Dp, count * Dp);
-        const float* hi = bounds_f32.at(0, count * Dp);
-        const float* lo = bounds_f32.at(nb * Dp, count * Dp);
-        for (int64_t j = 0; j < count; ++j)
-          for (int64_t d = 0; d < Dp; ++d) {
-            up[j * Dp + d] = q[d] * hi[j * Dp + d];
-            down[j * Dp + d] = q[d] * lo[j * Dp + d];
-            up[j * Dp + d] = max_select(up[j * Dp + d], down[j * Dp + d]);
-          }
-        // Duplicate(+0), then the 16-lane column adds in increasing d, then the 8/4/2/1 fold.
-        float* lane = lanes.at(0, count * kLanes);
-        for (int64_t e = 0; e < count * kLanes; ++e) lane[e] = 0.0f;
-        for (int64_t c = 0; c < Dp / kLanes; ++c)
-          for (int64_t j = 0; j < count; ++j)
-            for (int64_t l = 0; l < kLanes; ++l) lane[j * kLanes + l] = lane[j * kLanes + l] + up[j * Dp + c * kLanes + l];
-        for (int64_t w = kLanes / 2; w >= 1; w /= 2)
-          for (int64_t j = 0; j < count; ++j)
-            for (int64_t l = 0; l < w; ++l) lane[j * kLanes + l] = lane[j * kLanes + l] + lane[j * kLanes + l + w];
-        for (int64_t j = 0; j < count; ++j)  // the row's score straight from its lanes, as the kernel does
-          best_scores.set(j, r == 0 ? lane[j * kLanes] : max_select(lane[j * kLanes], best_scores.get(j)));
+
+  // The (reduced) query rows of one item into the plan's query buffer, zero padded.
+  void load_query(int64_t b, int64_t n, int64_t i) {
+    const SelectShape& s = plan_.shape;
+    const int64_t G = s.num_heads / s.kv_heads, D = s.head_dim, S = s.query_len, Dp = plan_.dim_padded;
+    const T* query = static_cast<const T*>(prm_.query);
+    auto rows = ub_.view<float>(plan_.query, "query");
+    auto scratch = ub_.view<float>(plan_.products, "products");  // free until the scoring starts
+    auto staged = ub_.view<T>(plan_.bounds[0], "bounds[0]");
+    for (int64_t g = 0; g < G; ++g) {
+      copy_rows_in(staged, 0, query + ((b * s.num_heads + n * G + g) * S + i) * D, 1, D, Dp);
+      if (s.reduce_max) {
+        cast_to_f32<T>(staged, 0, rows, g * Dp, Dp);
+      } else if (g == 0) {
+        cast_to_f32<T>(staged, 0, rows, 0, Dp);
+      } else {
+        cast_to_f32<T>(staged, 0, scratch, 0, Dp);
+        float* sum = rows.at(0, Dp);
+        for (int64_t d = 0; d < Dp; ++d) sum[d] = sum[d] + scratch.get(d);
       }
-      for (int64_t j = 0; j < count; ++j)
-        if (!chosen.contains(static_cast<int32_t>(c0 + j))) best.offer(best_scores.get(j), static_cast<int32_t>(c0 + j));
     }
-    take_best(best);
+    if (!s.reduce_max) {
+      float* sum = rows.at(0, Dp);
+      for (int64_t d = 0; d < Dp; ++d) sum[d] = sum[d] / static_cast<float>(G);
+    }
   }
-  chosen.sort();
-  for (int64_t j = 0; j < K; ++j) out[j] = j < chosen.size ? chosen.blocks.get(j) : -1;
-}
+
+  // best_scores[j] for blocks c0 .. c0 + count - 1: the bound of each query row, max over rows.
+  UnifiedBuffer::View<float> score_chunk(int64_t kv_item, int64_t c0, int64_t count, int buffer) {
+    const SelectShape& s = plan_.shape;
+    const int64_t M = s.num_blocks, D = s.head_dim, Dp = plan_.dim_padded, nb = plan_.blocks_per_chunk;
+    auto query = ub_.view<float>(plan_.query, "query");
+    auto bounds_f32 = ub_.view<float>(plan_.bounds_f32, "bounds_f32");
+    auto products = ub_.view<float>(plan_.products, "products");
+    auto lanes = ub_.view<float>(plan_.lanes, "lanes");
+    auto best_scores = ub_.view<float>(plan_.best_scores, "best_scores");
+    auto bounds = ub_.view<TC>(plan_.bounds[buffer], buffer == 0 ? "bounds[0]" : "bounds[1]");
+    const TC* kmax = static_cast<const TC*>(prm_.block_max) + kv_item * M * D;
+    const TC* kmin = static_cast<const TC*>(prm_.block_min) + kv_item * M * D;
+    copy_rows_in(bounds, 0, kmax + c0 * D, count, D, Dp);
+    copy_rows_in(bounds, nb * Dp, kmin + c0 * D, count, D, Dp);
+    cast_to_f32<TC>(bounds, 0, bounds_f32, 0, count * Dp);
+    cast_to_f32<TC>(bounds, nb * Dp, bounds_f32, nb * Dp, count * Dp);
+    for (int64_t r = 0; r < plan_.query_rows; ++r) {
+      const float* q = query.at(r * Dp, Dp);
+      // Mul, Mul, Max over [count, Dp]: max(q*kmax, q*kmin) element by element.
+      float* up = products.at(0, count * Dp);
+      float* down = products.at(nb * Dp, count * Dp);
+      const float* hi = bounds_f32.at(0, count * Dp);
+      const float* lo = bounds_f32.at(nb * Dp, count * Dp);
+      for (int64_t j = 0; j < count; ++j)
+        for (int64_t d = 0; d < Dp; ++d) {
+          up[j * Dp + d] = q[d] * hi[j * Dp + d];
+          down[j * Dp + d] = q[d] * lo[j * Dp + d];
+          up[j * Dp + d] = max_select(up[j * Dp + d], down[j * Dp + d]);
+        }
+      // Duplicate(+0), then the 16-lane column adds in increasing d, then the 8/4/2/1 fold.
+      float* lane = lanes.at(0, count * kLanes);
+      for (int64_t e = 0; e < count * kLanes; ++e) lane[e] = 0.0f;
+      for (int64_t c = 0; c < Dp / kLanes; ++c)
+        for (int64_t j = 0; j < count; ++j)
+          for (int64_t l = 0; l < kLanes; ++l) lane[j * kLanes + l] = lane[j * kLanes + l] + up[j * Dp + c * kLanes + l];
+      for (int64_t w = kLanes / 2; w >= 1; w /= 2)
+        for (int64_t j = 0; j < count; ++j)
+          for (int64_t l = 0; l < w; ++l) lane[j * kLanes + l] = lane[j * kLanes + l] + lane[j * kLanes + l + w];
+      for (int64_t j = 0; j < count; ++j)  // the row's score straight from its lanes, as the kernel does
+        best_scores.set(j, r == 0 ? lane[j * kLanes] : max_select(lane[j * kLanes], best_scores.get(j)));
+    }
+    return best_scores;
+  }
+
+ private:
+  const SelectPlan& plan_;
+  const SparseBlockSelectParams& prm_;
+  UnifiedBuffer& ub_;
+};
 
 template <typename T, typename TC>
 void select_core(const SelectPlan& plan, const SparseBlockSelectParams& prm, UnifiedBuffer& ub, int32_t core,
                  std::vector<unsigned char>& workspace) {
+  SelectCore<T, TC> kernel(plan, prm, ub);
   // Where the candidates live is decided once per core, as the kernel does: UB, or this core's
   // slice of the GM workspace.
   if (plan.candidates_in_ub) {
     const auto scores = ub.view<float>(plan.candidate_scores, "candidate_scores");
     const auto blocks = ub.view<int32_t>(plan.candidate_blocks, "candidate_blocks");
     for (int64_t item = plan.split.begin(core); item < plan.split.end(core); ++item)
-      select_item<T, TC>(plan, prm, ub, item, scores, blocks);
+      select_item(kernel, plan, item, scores, blocks);
     return;
   }
   const int64_t slice = plan.workspace_bytes / plan.split.cores;
@@ -269,7 +248,7 @@ void select_core(const SelectPlan& plan, const SparseBlockSelectParams& prm, Uni
   const GmArray<float> scores{reinterpret_cast<float*>(base)};
   const GmArray<int32_t> blocks{reinterpret_cast<int32_t*>(base + slice / 2)};
   for (int64_t item = plan.split.begin(core); item < plan.split.end(core); ++item)
-    select_item<T, TC>(plan, prm, ub, item, scores, blocks);
+    select_item(kernel, plan, item, scores, blocks);
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 // SparseBlockSelect (bound score) on the Ascend vector cores (AscendC; built only with
 // -DQUEST_ORT_CANN=ON and a CANN toolkit: see docs/cann.md for what was verified and what not).
 //
-// It executes a SelectPlan (host/tiling.h) step for step as the CPU emulator does
-// (emulator/emulated_kernels.cc, checked bit for bit against the reference here):
+// It executes a SelectPlan (host/tiling.h); the per-item selection is select_item.h's, which the
+// CPU emulator (emulator/emulated_kernels.cc, checked bit for bit against the reference here) runs
+// as it is, with its model of the data moves and vector steps below:
 //
-//   per item (b, n, query position), on its core:
-//     forced blocks, then the importance quota ........ scalar unit (host/select_core.h)
+//   per item (b, n, query position), on its core (select_item.h):
+//     forced blocks, then the importance quota ........ scalar unit
 //     query rows -> float32 (mean: Add rows, Div by G) vector
 //     per chunk of blocks:
 //       DataCopyPad max/min rows -> Cast to float32    MTE2, vector
@@ -19,7 +20,7 @@
 // of docs/ops.md: 16 lanes, increasing d, fold 8/4/2/1; the query mean divides by G.
 #include "npu_common.h"
 
-#include "../host/select_core.h"
+#include "select_item.h"
 
 using namespace AscendC;
 using quest::cann::SelectPlan;
@@ -65,70 +66,33 @@ class SelectKernel {
     if (plan.candidates_in_ub) {
       const UbArray<float> scores{slice<float>(ub_, plan.candidate_scores)};
       const UbArray<int32_t> blocks{slice<int32_t>(ub_, plan.candidate_blocks)};
-      for (int64_t item = plan.split.begin(core_id); item < plan.split.end(core_id); ++item) Item(item, scores, blocks);
+      for (int64_t item = plan.split.begin(core_id); item < plan.split.end(core_id); ++item)
+        core::select_item(*this, plan_, item, scores, blocks);
     } else {
       const int64_t per_core = plan.workspace_bytes / plan.split.cores;
       GmArray<float> scores;
       GmArray<int32_t> blocks;
       scores.t.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + core_id * per_core));
       blocks.t.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(workspace + core_id * per_core + per_core / 2));
-      for (int64_t item = plan.split.begin(core_id); item < plan.split.end(core_id); ++item) Item(item, scores, blocks);
+      for (int64_t item = plan.split.begin(core_id); item < plan.split.end(core_id); ++item)
+        core::select_item(*this, plan_, item, scores, blocks);
     }
   }
 
- private:
-  template <typename Scores, typename Blocks>
-  __aicore__ inline void Item(int64_t item, const Scores& candidate_scores, const Blocks& candidate_blocks) {
-    const auto& s = plan_.shape;
-    const int64_t N = s.kv_heads, S = s.query_len, K = s.top_k, P = s.block_size, M = s.num_blocks;
-    const int64_t b = item / (N * S), n = item / S % N, i = item % S, kv_item = b * N + n, nb = plan_.blocks_per_chunk;
-    const int64_t p = past_gm_.GetValue(b) + i;
-    if (p >= total_gm_.GetValue(b)) {
-      for (int64_t j = 0; j < K; ++j) out_gm_.SetValue(item * K + j, -1);
-      return;
-    }
-    const int64_t current = p / P, eligible = current + 1;
-    if (eligible <= K) {
-      for (int64_t j = 0; j < K; ++j) out_gm_.SetValue(item * K + j, j < eligible ? static_cast<int32_t>(j) : -1);
-      return;
-    }
-    core::Chosen<UbArray<int32_t>> chosen{{slice<int32_t>(ub_, plan_.chosen)}, 0};
-    core::take_forced(chosen, current, s.sink_blocks, s.recent_blocks, K);
-    int64_t remaining = K - chosen.size;
-    if (s.has_importance && remaining > 0) {
-      const int64_t quota = core::importance_quota(s.importance_fraction, remaining);
-      core::BestList<Scores, Blocks> best{candidate_scores, candidate_blocks, 0, quota};
-      const LocalTensor<float> importance = slice<float>(ub_, plan_.importance);
-      for (int64_t c0 = 0; c0 < eligible && quota > 0; c0 += nb) {
-        const int64_t count = nb < eligible - c0 ? nb : eligible - c0;
-        copy_rows_in(importance, importance_gm_[kv_item * M + c0], 1, count, count);
-        for (int64_t j = 0; j < count; ++j)
-          if (!chosen.contains(static_cast<int32_t>(c0 + j)))
-            best.offer(importance.GetValue(j), static_cast<int32_t>(c0 + j));
-      }
-      for (int64_t j = 0; j < best.size; ++j) chosen.take(best.blocks.get(j));
-      remaining -= quota;
-    }
-    if (remaining > 0) {
-      LoadQuery(b, n, i);
-      core::BestList<Scores, Blocks> best{candidate_scores, candidate_blocks, 0, remaining};
-      int which = 0;
-      for (int64_t c0 = 0; c0 < eligible; c0 += nb, which ^= 1) {
-        const int64_t count = nb < eligible - c0 ? nb : eligible - c0;
-        ScoreChunk(kv_item, c0, count, which);
-        const LocalTensor<float> best_scores = slice<float>(ub_, plan_.best_scores);
-        for (int64_t j = 0; j < count; ++j)
-          if (!chosen.contains(static_cast<int32_t>(c0 + j)))
-            best.offer(best_scores.GetValue(j), static_cast<int32_t>(c0 + j));
-      }
-      for (int64_t j = 0; j < best.size; ++j) chosen.take(best.blocks.get(j));
-    }
-    chosen.sort();
-    for (int64_t j = 0; j < K; ++j) out_gm_.SetValue(item * K + j, j < chosen.size ? chosen.blocks.get(j) : -1);
+  // The data moves and vector steps of core::select_item (select_item.h, "Core").
+  __aicore__ inline int64_t past_len(int64_t b) const { return past_gm_.GetValue(b); }
+  __aicore__ inline int64_t total_len(int64_t b) const { return total_gm_.GetValue(b); }
+  __aicore__ inline void set_index(int64_t at, int32_t block) { out_gm_.SetValue(at, block); }
+  __aicore__ inline UbArray<int32_t> chosen_blocks() const { return {slice<int32_t>(ub_, plan_.chosen)}; }
+
+  __aicore__ inline UbArray<float> importance_chunk(int64_t kv_item, int64_t c0, int64_t count) {
+    const LocalTensor<float> importance = slice<float>(ub_, plan_.importance);
+    copy_rows_in(importance, importance_gm_[kv_item * plan_.shape.num_blocks + c0], 1, count, count);
+    return {importance};
   }
 
   // The query rows of (b, n, i) as float32, zero padded; with mean reduction one row (sum / G).
-  __aicore__ inline void LoadQuery(int64_t b, int64_t n, int64_t i) {
+  __aicore__ inline void load_query(int64_t b, int64_t n, int64_t i) {
     const auto& s = plan_.shape;
     const int64_t G = s.num_heads / s.kv_heads, D = s.head_dim, S = s.query_len, Dp = plan_.dim_padded;
     const LocalTensor<float> rows = slice<float>(ub_, plan_.query);
@@ -156,7 +120,7 @@ class SelectKernel {
   }
 
   // best_scores[j] for blocks c0 .. c0 + count - 1: the bound of each query row, max over rows.
-  __aicore__ inline void ScoreChunk(int64_t kv_item, int64_t c0, int64_t count, int which) {
+  __aicore__ inline UbArray<float> score_chunk(int64_t kv_item, int64_t c0, int64_t count, int which) {
     const auto& s = plan_.shape;
     const int64_t D = s.head_dim, M = s.num_blocks, Dp = plan_.dim_padded, nb = plan_.blocks_per_chunk;
     const LocalTensor<TC> bounds = slice<TC>(ub_, plan_.bounds[which]);
@@ -206,7 +170,10 @@ class SelectKernel {
       }
       PipeBarrier<PIPE_ALL>();
     }
+    return {best_scores};
   }
+
+ private:
 
   SelectPlan plan_;
   TPipe pipe_;

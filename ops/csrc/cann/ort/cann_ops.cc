@@ -24,6 +24,7 @@
 
 #include "../../ort/adapter.h"
 #include "../../ort/ops.h"
+#include "cann_ops.h"
 #include "../host/attention_plan.h"
 #include "../host/tiling.h"
 #include "../kernels/launch.h"

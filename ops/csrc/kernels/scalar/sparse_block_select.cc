@@ -70,35 +70,22 @@ void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, i
 
 template <typename T, typename TC>
 void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
-  const int64_t S = prm.query_len, K = prm.top_k, P = prm.block_size, M = prm.num_blocks, D = prm.head_dim;
-  const int64_t selections = selections_per_item(prm);
+  const int64_t P = prm.block_size, D = prm.head_dim;
   SelectScratch s;
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads;
-    const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
-    const float* importance = prm.block_importance ? prm.block_importance + item * M : nullptr;
-    const TC* kmax = static_cast<const TC*>(prm.block_max) + item * M * D;
-    const TC* kmin = static_cast<const TC*>(prm.block_min) + item * M * D;
-    for (int64_t r = 0; r < selections * S; ++r) {  // the item's output rows: (own head, query i) in order
-      const int64_t own = r / S, i = r % S;
-      int32_t* row = prm.block_indices + (item * selections * S + r) * K;
-      const int64_t p = past + i;
-      if (p >= total || attends_exactly(prm, b, p)) {
-        std::fill(row, row + K, -1);
-        continue;
+  for_each_select_row<TC>(prm, begin, end, [&](const SelectItem<TC>& item, int64_t i, int64_t own, int64_t p,
+                                                int32_t* row) {
+    select_row(prm, item.importance, p / P, row, s, [&](int64_t eligible, float* scores) {
+      const int64_t heads = load_queries<T>(prm, item.b, item.n, i, own, s.query);
+      if (prm.score == ScoreMode::Probe)
+        return probe_blocks<T, TC>(prm, item.index, p, heads, eligible, s.query, s.key, scores);
+      for (int64_t m = 0; m < eligible; ++m) {
+        float score = bound(s.query.data(), item.kmax + m * D, item.kmin + m * D, D);
+        for (int64_t g = 1; g < heads; ++g)
+          score = max_select(bound(s.query.data() + g * D, item.kmax + m * D, item.kmin + m * D, D), score);
+        scores[m] = score;
       }
-      select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float* scores) {
-        const int64_t heads = load_queries<T>(prm, b, n, i, own, s.query);
-        if (prm.score == ScoreMode::Probe) return probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query, s.key, scores);
-        for (int64_t m = 0; m < eligible; ++m) {
-          float score = bound(s.query.data(), kmax + m * D, kmin + m * D, D);
-          for (int64_t g = 1; g < heads; ++g)
-            score = max_select(bound(s.query.data() + g * D, kmax + m * D, kmin + m * D, D), score);
-          scores[m] = score;
-        }
-      });
-    }
-  }
+    });
+  });
 }
 
 }  // namespace

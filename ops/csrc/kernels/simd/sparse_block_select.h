@@ -269,51 +269,38 @@ void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, i
 template <typename T, typename TC>
 [[gnu::noinline]] void select_items_with(const SparseBlockSelectParams& prm, int64_t begin, int64_t end,
                                          SelectScratch& s) {
-  const int64_t S = prm.query_len, K = prm.top_k, P = prm.block_size, M = prm.num_blocks, D = prm.head_dim;
+  const int64_t S = prm.query_len, P = prm.block_size, D = prm.head_dim;
   const int64_t Dp = padded(D), selections = selections_per_item(prm);
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads;
-    const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
-    const float* importance = prm.block_importance ? prm.block_importance + item * M : nullptr;
-    const TC* kmax = static_cast<const TC*>(prm.block_max) + item * M * D;
-    const TC* kmin = static_cast<const TC*>(prm.block_min) + item * M * D;
-    // With a selection per query head and bound scores, the heads of query i score in one shared
-    // pass (on the first head that needs scores; the others need them too: same blocks eligible,
-    // same forced blocks, same importance).
-    const bool shared_pass = selections > 1 && prm.score == ScoreMode::Bound;
-    for (int64_t i = 0; i < S; ++i) {
-      const int64_t p = past + i;
-      bool scored = false;
-      for (int64_t own = 0; own < selections; ++own) {  // output row (own head, query i)
-        int32_t* row = prm.block_indices + (item * selections * S + own * S + i) * K;
-        if (p >= total || attends_exactly(prm, b, p)) {
-          std::fill(row, row + K, -1);
-          continue;
+  // With a selection per query head and bound scores, the heads of query i score in one shared
+  // pass (on the first head that needs scores; the others need them too: same blocks eligible,
+  // same forced blocks, same importance).
+  const bool shared_pass = selections > 1 && prm.score == ScoreMode::Bound;
+  int64_t scored_query = -1;  // item * S + i of the query whose heads' scores s.head_scores holds
+  for_each_select_row<TC>(prm, begin, end, [&](const SelectItem<TC>& item, int64_t i, int64_t own, int64_t p,
+                                               int32_t* row) {
+    if (shared_pass) {
+      select_row(prm, item.importance, p / P, row, s, [&](int64_t eligible, float*) -> const float* {
+        if (scored_query != item.index * S + i) {
+          const int64_t tiles = (selections + 3) / 4 * 4;  // rows in whole tiles of four
+          load_group_rows<T>(prm, item.b, item.n, i, s.query, tiles);
+          s.head_scores.resize(tiles * eligible);
+          score_blocks_per_row(bound_rows(s.query.data(), tiles, Dp, s.query_positive), item.kmax, item.kmin, D,
+                               eligible, s.head_scores.data());
+          scored_query = item.index * S + i;
         }
-        if (shared_pass) {
-          select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float*) -> const float* {
-            if (!scored) {
-              const int64_t tiles = (selections + 3) / 4 * 4;  // rows in whole tiles of four
-              load_group_rows<T>(prm, b, n, i, s.query, tiles);
-              s.head_scores.resize(tiles * eligible);
-              score_blocks_per_row(bound_rows(s.query.data(), tiles, Dp, s.query_positive), kmax, kmin, D, eligible,
-                                   s.head_scores.data());
-              scored = true;
-            }
-            return s.head_scores.data() + own * eligible;
-          });
-          continue;
-        }
-        select_row(prm, importance, p / P, row, s, [&](int64_t eligible, float* scores) {
-          const int64_t heads = load_query_rows<T>(prm, b, n, i, own, s.query);
-          if (prm.score == ScoreMode::Probe)
-            probe_blocks<T, TC>(prm, item, p, heads, eligible, s.query.data(), Dp, s.key, scores);
-          else
-            score_blocks(bound_rows(s.query.data(), heads, Dp, s.query_positive), kmax, kmin, D, eligible, scores, s);
-        });
-      }
+        return s.head_scores.data() + own * eligible;
+      });
+      return;
     }
-  }
+    select_row(prm, item.importance, p / P, row, s, [&](int64_t eligible, float* scores) {
+      const int64_t heads = load_query_rows<T>(prm, item.b, item.n, i, own, s.query);
+      if (prm.score == ScoreMode::Probe)
+        probe_blocks<T, TC>(prm, item.index, p, heads, eligible, s.query.data(), Dp, s.key, scores);
+      else
+        score_blocks(bound_rows(s.query.data(), heads, Dp, s.query_positive), item.kmax, item.kmin, D, eligible,
+                     scores, s);
+    });
+  });
 }
 
 template <typename T, typename TC>

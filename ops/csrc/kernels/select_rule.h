@@ -1,0 +1,76 @@
+// The selection rule of SparseBlockSelect, written once for every kernel that selects: the CPU
+// kernels (select_order.h), the Ascend kernel and its CPU emulator (cann/kernels/select_item.h).
+//
+// Kernels differ in how they score blocks and keep the chosen ones; what a query selects is decided
+// here. Only <cstdint>, no allocation and no standard library, so that the AscendC compiler takes
+// it as it is: the kernels reach their buffers through the selection object they pass in.
+#pragma once
+
+#include <cstdint>
+
+#ifndef QUEST_AICORE
+#if defined(__CCE_AICORE__) || defined(__CCE_KT_TEST__) || defined(ASCENDC_CPU_DEBUG)
+#define QUEST_AICORE __aicore__ inline
+#else
+#define QUEST_AICORE inline
+#endif
+#endif
+
+namespace quest {
+
+// True when block a (value va) ranks before block b (value vb): higher value first, NaN last,
+// ties to the lower index. A strict total order, so the chosen set never depends on the algorithm
+// that finds the best blocks.
+QUEST_AICORE bool ranks_before(float va, int32_t a, float vb, int32_t b) {
+  const bool nan_a = va != va, nan_b = vb != vb;
+  if (nan_a != nan_b) return nan_b;
+  if (!nan_a && va != vb) return va > vb;
+  return a < b;
+}
+
+// floor(fraction * remaining) in double: the blocks chosen by importance.
+QUEST_AICORE int64_t importance_quota(float fraction, int64_t remaining) {
+  const double exact = static_cast<double>(fraction) * static_cast<double>(remaining);
+  int64_t quota = static_cast<int64_t>(exact);
+  if (static_cast<double>(quota) > exact) --quota;
+  return quota;
+}
+
+// Selects the blocks of a query whose own block is `current`, into `selection`:
+//   every eligible block [0, current] when they fit in top_k; else the forced blocks in priority
+//   order (the recent blocks newest first, then the sinks ascending; at most top_k), then the
+//   importance quota of what remains (the best blocks by importance), then the rest (the best
+//   blocks by score); the row lists the chosen blocks ascending, -1 padded.
+// `rule` holds top_k, sink_blocks, recent_blocks and importance_fraction (SparseBlockSelectParams,
+// cann::SelectShape). `selection` is the kernel's way of keeping blocks:
+//   take_all(eligible)                      the row is blocks [0, eligible), -1 padded
+//   begin(eligible)                         nothing taken yet
+//   taken_count()                           blocks taken so far
+//   take(m)                                 takes block m, unless it is taken already
+//   has_importance()                        whether the call has block importance
+//   take_best_importance(eligible, count)   take the best `count` untaken blocks of [0, eligible)
+//   take_best_scores(eligible, count)         by ranks_before of their importance / scores
+//   finish()                                the row: the taken blocks ascending, -1 padded
+template <class Rule, class Selection>
+QUEST_AICORE void select_blocks(const Rule& rule, int64_t current, Selection& selection) {
+  const int64_t K = rule.top_k, eligible = current + 1;
+  if (eligible <= K) {
+    selection.take_all(eligible);
+    return;
+  }
+  selection.begin(eligible);
+  for (int64_t m = current; m > current - rule.recent_blocks && m >= 0 && selection.taken_count() < K; --m)
+    selection.take(static_cast<int32_t>(m));
+  const int64_t sinks = rule.sink_blocks < eligible ? rule.sink_blocks : eligible;
+  for (int64_t m = 0; m < sinks && selection.taken_count() < K; ++m) selection.take(static_cast<int32_t>(m));
+  int64_t remaining = K - selection.taken_count();
+  if (selection.has_importance() && remaining > 0) {
+    const int64_t quota = importance_quota(rule.importance_fraction, remaining);
+    if (quota > 0) selection.take_best_importance(eligible, quota);
+    remaining -= quota;
+  }
+  if (remaining > 0) selection.take_best_scores(eligible, remaining);
+  selection.finish();
+}
+
+}  // namespace quest
