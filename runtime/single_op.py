@@ -10,22 +10,15 @@ from ..graphs.op_graphs import op_model
 from .sessions import make_session
 
 
-def run_op(
-    op_name: str,
-    inputs: Mapping[str, np.ndarray | None],
-    attributes: Mapping[str, object],
-    *,
-    outputs: tuple[str, ...] | None = None,
-    native: bool = True,
-    threads: int | None = 1,
-    symbolic_dims: bool = True,
-) -> dict[str, np.ndarray]:
+def run_op(op_name: str, inputs: Mapping[str, np.ndarray | None], attributes: Mapping[str, object], *,
+           native: bool = True, threads: int | None = 1, **graph_options) -> dict[str, np.ndarray]:
     """Outputs of one `op_name` node by name: the native kernel, or the function body when not native.
 
-    With `symbolic_dims=False` the graph inputs take the arrays' own shapes, so a wrongly shaped
+    `graph_options` are op_model's (graphs/op_graphs.py): `outputs` to produce, and
+    `symbolic_dims=False` for graph inputs of the arrays' own shapes, so that a wrongly shaped
     input reaches the op itself instead of being stopped by ONNX Runtime's input check.
     """
-    model = op_model(op_name, inputs, attributes, outputs=outputs, symbolic_dims=symbolic_dims)
+    model = op_model(op_name, inputs, attributes, **graph_options)
     if not native:
         from ..graphs.functions import expand_quest_ops
 
