@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import pathlib
-import sys
 
+# No folder at the root is named quest_ort (docs/architecture.md), so with the root first on
+# sys.path, as `python -m` puts it, `import quest_ort` still finds the installed package.
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-# `python -m benchmarks.x` puts the repository root first on sys.path, where `quest_ort` would be
-# the source tree (which holds no built library). The root goes last instead: `quest_ort` is the
-# installed package, and `benchmarks` (imported already) keeps finding its modules.
-if any(pathlib.Path(entry or ".").resolve() == ROOT for entry in sys.path):
-    sys.path[:] = [entry for entry in sys.path if pathlib.Path(entry or ".").resolve() != ROOT] + [str(ROOT)]
