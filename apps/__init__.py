@@ -1,6 +1,6 @@
-"""What users run: the export pipeline with its validation (`export_sparse`, `rewrite_onnx`), the
-`export-sparse` command and the demos. The one package that imports both `export` and `runtime`."""
+"""What users run: the one package that may import both `export` and `runtime`.
 
-from .pipeline import ExportReport, export_sparse, rewrite_onnx
-
-__all__ = ["ExportReport", "export_sparse", "rewrite_onnx"]
+`pipeline` (`export_sparse`, `rewrite_onnx`) and its `validate`, the `export-sparse` command
+(`export_cli`), the demos (`demo`, `ops_demo`). Nothing is imported here: `export-sparse --help`
+loads no ONNX Runtime session code.
+"""

@@ -17,15 +17,10 @@ import pathlib
 
 import numpy as np
 
+from ..export.rewrite import ExportError
 from ..export.rewrite.layers import detect_kind, find_layers
 from ..runtime.model import QuestModel
 from ..runtime.sessions import NUMPY_TYPES
-
-
-
-class ValidationError(ValueError):
-    """The exported graph disagrees with its source where it must equal it, or cannot be compared."""
-
 
 LONGEST_PROMPT = 512  # the longer prompt passes the budget by 8 tokens, up to this length
 DECODE_STEPS = 8
@@ -50,7 +45,7 @@ class SourceRunner:
         known = {"input_ids", "attention_mask", "position_ids", *self.presents.values()}
         unknown = sorted(set(self.inputs) - known)
         if unknown:
-            raise ValidationError(f"validation cannot feed the source graph's inputs {unknown}")
+            raise ExportError(f"validation cannot feed the source graph's inputs {unknown}")
         self.reset()
 
     def reset(self) -> None:
@@ -82,8 +77,8 @@ def plan(covered: int, capacity: int) -> list[tuple[int, int, bool]]:
 
 
 def validate_export(source: pathlib.Path, staged: pathlib.Path) -> float:
-    """Max |logit difference| where the Quest graph must equal the source graph; raises
-    ValidationError on a mismatch there, or on non-finite logits past the budget."""
+    """Max |logit difference| where the Quest graph must equal the source graph; raises ExportError
+    on a mismatch there, or on non-finite logits past the budget."""
     quest = QuestModel(staged, threads=1)
     sidecar = quest.sidecar
     sparse = sidecar.settings.attention == "quest" and sidecar.sparse_layers
@@ -106,9 +101,9 @@ def validate_export(source: pathlib.Path, staged: pathlib.Path) -> float:
             if (index == 0 and exact) or int(cache.lengths[0]) <= covered:
                 difference = float(np.abs(got - expected).max())
                 if not difference <= tolerance * max(float(np.abs(expected).max()), 1.0):
-                    raise ValidationError(f"validation failed: the Quest graph's logits differ from the source graph's "
+                    raise ExportError(f"validation failed: the Quest graph's logits differ from the source graph's "
                                       f"by {difference:.3g} at {where}, where the budget covers the context")
                 worst = max(worst, difference)
             elif not np.isfinite(got).all():
-                raise ValidationError(f"validation failed: the Quest graph's logits are not finite at {where}")
+                raise ExportError(f"validation failed: the Quest graph's logits are not finite at {where}")
     return worst

@@ -1,4 +1,7 @@
-"""The benchmarks and the quality evaluation, a package run as modules from the repository root (`python -m benchmarks.bench_ops`)."""
+"""The benchmarks and the quality evaluation: a package run as modules from the repository root.
+
+    python -m benchmarks.bench_ops
+"""
 
 from __future__ import annotations
 

@@ -193,7 +193,7 @@ def main(argv=None):
                   decode=rows, speedup={str(c): round(s, 2) for c, s in speedups.items()}, prefill=prefill)
     (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
     plot(rows, RESULTS / "e2e.png", label,
-         f"Qwen3-0.6B geometry, {settings.kv_dtype} KV, {settings.num_layers} layers")
+         f"Qwen3-0.6B geometry, {settings.kv_dtype} KV, {quest.sidecar.geometry.num_layers} layers")
     print(f"wrote {RESULTS / 'e2e.json'} and e2e.png")
 
 

@@ -21,6 +21,7 @@ from . import ROOT
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODELS = ROOT / "build" / "models"
 
+
 def ensure_models() -> tuple[pathlib.Path, pathlib.Path]:
     """The default Quest export (--k 32) and optimum's export of SmolLM2, built once under build/models
     from the checkpoint converted once under build/weights."""

@@ -247,7 +247,7 @@ def run_pass_key(suite: Suite, configs: list[qr.Config], prompts: list[Prompt], 
             answers = {name: g.generate([prompt.ids], sampling)[0] for name, g in generators.items()}
             cache = generators["default"].cache
             qr.check_block_bounds(suite.default, cache)  # prompt and answer keys, as the op merged them
-            qr.copy_prompt_state(suite.default, cache, source, row, len(prompt.ids))
+            qr.copy_prompt_state(cache, source, row, len(prompt.ids))
             user.append(answers)
             rows.append(_row(prompt, None, "exact", answers["dense"], tokenizer, source="Generator"))
             rows.append(_row(prompt, default, "sparse", answers["default-sparse"], tokenizer, source="Generator"))
@@ -304,7 +304,7 @@ def run_perplexity(suite: Suite, configs: list[qr.Config], tokens: int, continua
     prefix_losses, last = qr.teacher_forced(suite.default, dense_cache, ids[:continuation_from], 0, exact=True)
     qr.check_block_bounds(suite.default, dense_cache)
     prefix = suite.default.new_cache(1, tokens)  # the exactly read prompt every continuation starts from
-    qr.copy_prompt_state(suite.default, dense_cache, prefix, 0, continuation_from)
+    qr.copy_prompt_state(dense_cache, prefix, 0, continuation_from)
     # The prompt's last logits predict token `continuation_from`: the same for every policy.
     first_target = qr.token_losses(last[None], np.array([ids[continuation_from]]))
     rest_losses, _ = qr.teacher_forced(suite.default, dense_cache, ids, continuation_from, exact=True)

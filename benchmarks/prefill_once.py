@@ -1,4 +1,6 @@
-"""One prefill of random token ids in a process of its own, for the prefill benchmarks (bench_e2e, bench_prefill_rss): prints its seconds and peak RSS as one JSON line.
+"""One prefill of random token ids in a process of its own, for the prefill benchmarks.
+
+bench_e2e and bench_prefill_rss run it; it prints its seconds and peak RSS as one JSON line.
 
     python -m benchmarks.prefill_once quest FOLDER TOKENS [--threads N] [--time-load]
     python -m benchmarks.prefill_once optimum FOLDER TOKENS

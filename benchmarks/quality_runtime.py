@@ -195,7 +195,7 @@ def rebuild_bounds(model, cache: KVCache) -> None:
             layer.block_min[row, :, : low.shape[-2]] = low
 
 
-def copy_prompt_state(model, source: KVCache, target: KVCache, row: int, length: int) -> None:
+def copy_prompt_state(source: KVCache, target: KVCache, row: int, length: int) -> None:
     """Row 0's first `length` keys and values of `source` into `row` of `target` (caches of exports of
     one checkpoint, layer for layer), which then holds `length` tokens (bounds rebuilt later)."""
     for into, layer in zip(target.layers, source.layers, strict=True):
@@ -205,13 +205,13 @@ def copy_prompt_state(model, source: KVCache, target: KVCache, row: int, length:
 
 
 class Snapshot:
-    """A cache's lengths and block bounds, to put back before the next policy steps from them
+    """A cache's lengths, block bounds and block importance, to put back before the next policy steps from them
     (keys and values need no copy: see sharing_cache)."""
 
     def __init__(self, cache: KVCache):
         self.cache = cache
-        self.saved = [(array, array.copy()) for layer in cache.layers for array in (layer.block_max, layer.block_min)
-                      if array is not None]
+        self.saved = [(array, array.copy()) for layer in cache.layers
+                      for array in (layer.block_max, layer.block_min, layer.block_importance) if array is not None]
         self.lengths = cache.lengths.copy()
 
     def restore(self) -> KVCache:

@@ -1,5 +1,7 @@
-"""The export's steps: a checkpoint's geometry, optimum's ONNX export, and the checked, saved model
-folder (graph, sidecar, tokenizer files) moved into place. apps/pipeline.py runs them in order.
+"""The steps of an export that write a model folder; apps/pipeline.py runs them in order.
+
+A checkpoint's geometry, optimum's ONNX export, and the checked, saved model folder (graph,
+sidecar, tokenizer files) moved into place.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import pathlib
 import shutil
 
 from ..model_folder.settings import Geometry, SparseSettings
-from ..model_folder.sidecar import Sidecar
+from ..model_folder.sidecar import Sidecar, tracks_importance
 from .rewrite import ExportError
 
 MODEL_FILE = "model.quest.onnx"
@@ -90,16 +92,15 @@ def save_folder(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry
         resolve_cast_like(graph_only, value_types(staged / MODEL_FILE))
         onnx.save(graph_only, str(staged / MODEL_FILE))  # the data file stays as written
     check_model_path(staged / MODEL_FILE)
-    bounds = _bounds_dtype(onnx_model)
+    layers = [Sidecar.layer_io(layer, layer in counts["sparse_layers"], settings.importance)
+              for layer in range(geometry.num_layers)]
     sidecar = Sidecar(
         model_file=MODEL_FILE, family=family, source=source, geometry=geometry,
         # as exported: the cache and bound dtypes resolved, the dense layers those the model has
         settings=dataclasses.replace(settings, kv_dtype=settings.kv_dtype or geometry.activation_dtype,
-                                     bounds_dtype=bounds, dense_layers=tuple(counts["dense_layers"]),
-                                     track_importance=None),
-        vocab_size=vocab, capacity=capacity, sparse_layers=counts["sparse_layers"],
-        layers=[Sidecar.layer_io(layer, layer in counts["sparse_layers"], settings.importance)
-                for layer in range(geometry.num_layers)],
+                                     bounds_dtype=_bounds_dtype(onnx_model), dense_layers=tuple(counts["dense_layers"]),
+                                     track_importance=tracks_importance(layers)),
+        vocab_size=vocab, capacity=capacity, sparse_layers=counts["sparse_layers"], layers=layers,
         eos_token_ids=eos,
         inputs={name: name for name in ("input_ids", "past_lens", "total_lens", "exact_lens")
                 if any(value.name == name for value in onnx_model.graph.inputs)},

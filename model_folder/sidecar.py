@@ -44,6 +44,12 @@ class LayerIO:
 _GEOMETRY_FIELDS = tuple(f.name for f in dataclasses.fields(Geometry))
 # Every setting but track_importance, which the layers' importance caches say.
 _SETTINGS_FIELDS = tuple(f.name for f in dataclasses.fields(SparseSettings) if f.name != "track_importance")
+# The keys of the JSON object in the order format quest_ort.model/1 writes them.
+_JSON_KEYS = ("model_file", "family", "source", "num_layers", "num_heads", "kv_num_heads", "head_dim", "vocab_size",
+              "activation_dtype", "kv_dtype", "capacity", "block_size", "top_k", "sink_blocks", "recent_blocks",
+              "group_reduce", "importance_fraction", "sparse_layers", "dense_layers", "layers", "inputs", "outputs",
+              "eos_token_ids", "tokenizer", "attention", "score", "num_probes", "portable", "bounds_dtype", "exporter",
+              "format")
 # Fields older exports lack, and the values they mean there.
 _JSON_DEFAULTS = {
     "inputs": lambda: {"input_ids": "input_ids", "past_lens": "past_lens", "total_lens": "total_lens"},
@@ -80,12 +86,12 @@ class Sidecar:
 
     def to_dict(self) -> dict:
         """The JSON object: the geometry's and settings' fields flat beside the others."""
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("geometry", "settings")}
-        data.update(dataclasses.asdict(self.geometry))
-        data.update({name: getattr(self.settings, name) for name in _SETTINGS_FIELDS})
-        data["dense_layers"] = list(self.settings.dense_layers)
-        data["layers"] = [dataclasses.asdict(layer) for layer in self.layers]
-        return data
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("geometry", "settings")}
+        fields.update(dataclasses.asdict(self.geometry))
+        fields.update({name: getattr(self.settings, name) for name in _SETTINGS_FIELDS})
+        fields["dense_layers"] = list(self.settings.dense_layers)
+        fields["layers"] = [dataclasses.asdict(layer) for layer in self.layers]
+        return {key: fields[key] for key in _JSON_KEYS}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -109,11 +115,10 @@ class Sidecar:
             raise ModelFolderError(f"{path}: must hold a JSON object, got a {type(data).__name__}")
         if data.get("format") != FORMAT:
             raise ModelFolderError(f"{path}: format {data.get('format')!r}, this quest_ort reads {FORMAT!r}")
-        known = _json_fields()
-        unknown = set(data) - set(known)
+        unknown = set(data) - set(_JSON_KEYS)
         if unknown:  # nothing in a model folder may steer us beyond the known fields
             raise ModelFolderError(f"{path}: unknown fields {sorted(unknown)}")
-        missing = [name for name in known if name not in data and name not in _JSON_DEFAULTS]
+        missing = [name for name in _JSON_KEYS if name not in data and name not in _JSON_DEFAULTS]
         if missing:
             raise ModelFolderError(f"{path}: missing fields {missing}")
         for name, default in _JSON_DEFAULTS.items():  # fields older exports lack, checked like the rest
@@ -127,8 +132,10 @@ class Sidecar:
         _check_fields(data, lambda field, text: ModelFolderError(f"{path}: {field} {text}"))
         geometry = Geometry(**{name: data.pop(name) for name in _GEOMETRY_FIELDS})
         settings = {name: data.pop(name) for name in _SETTINGS_FIELDS}
-        settings = SparseSettings(**{**settings, "dense_layers": tuple(settings["dense_layers"])})
+        settings["dense_layers"] = tuple(settings["dense_layers"])
         data["layers"] = [LayerIO(**layer) for layer in data["layers"]]
+        settings["track_importance"] = tracks_importance(data["layers"])
+        settings = SparseSettings(**settings)
         return cls(geometry=geometry, settings=settings, **data)
 
     @staticmethod
@@ -143,10 +150,9 @@ class Sidecar:
         return io
 
 
-def _json_fields() -> tuple[str, ...]:
-    """Every key of a sidecar's JSON object."""
-    own = tuple(f.name for f in dataclasses.fields(Sidecar) if f.name not in ("geometry", "settings"))
-    return own + _GEOMETRY_FIELDS + _SETTINGS_FIELDS
+def tracks_importance(layers: list[LayerIO]) -> bool:
+    """Whether the folder carries block importance (its settings' track_importance)."""
+    return any(io.past_block_importance is not None for io in layers)
 
 
 # The sidecar's Quest settings are SparseBlockSelect attributes of the same names: their ranges and

@@ -54,7 +54,8 @@ class KVCache:
         names, layer by layer); `values`: OrtValues that already wrap some of the arrays."""
         buffers = {name: array for arrays, named in zip(layers, names)
                    for (_, array), (_, name) in zip(arrays.items(), named.items(), strict=True)}
-        values = {name: (values or {}).get(name) or ort.OrtValue.ortvalue_from_numpy(array)
+        given = values or {}
+        values = {name: given[name] if name in given else ort.OrtValue.ortvalue_from_numpy(array)
                   for name, array in buffers.items()}
         return cls(capacity, lengths, tuple(layers), buffers, values)
 

@@ -16,11 +16,10 @@ except FileNotFoundError as missing:
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
-# The benchmarks are imported as the package `benchmarks` (tests/benchmarks, tests/runtime): the
-# repository root goes last on sys.path, after site-packages, so that `quest_ort` stays the
-# installed package checked above (no folder at the root is named quest_ort: docs/architecture.md).
-# (The test areas have no __init__.py; their helpers are the package `support`, found through
-# pyproject's pythonpath = ["tests"].)
+# The benchmarks are imported as the package `benchmarks` (tests/benchmarks, tests/runtime), from
+# the repository root put on sys.path; `quest_ort` stays the installed package checked above, as no
+# folder at the root is named quest_ort (docs/architecture.md). (The test areas have no
+# __init__.py; their helpers are the package `support`, found through pyproject's pythonpath.)
 sys.path.append(str(REPO))
 
 # make test-sanitize sets this: the run must really use the ASan+UBSan build of the library.

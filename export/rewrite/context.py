@@ -1,5 +1,8 @@
-"""What every attention rewrite rule shares: the new model inputs, the per-layer emitter of Quest
-nodes, and the record of why layers failed to match (the settings: model_folder/settings.py)."""
+"""What every attention rewrite rule shares: new model inputs, the Quest node emitter, failure records.
+
+The inputs the rewrite adds, the per-layer emitter of Quest nodes, and the record of why layers
+failed to match (the settings are model_folder/settings.py's).
+"""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def test_snapshot_decodes_of_every_policy_equal_generator(suite):
     for row, prompt in enumerate(prompts):
         generator = Generator(source_model)
         first.append(generator.generate([prompt.ids], Sampling(max_new_tokens=1))[0][0])
-        qr.copy_prompt_state(source_model, generator.cache, source, row, len(prompt.ids))
+        qr.copy_prompt_state(generator.cache, source, row, len(prompt.ids))
     snapshots = {}
     for config in CONFIGS:  # P=8 and P=16 interleaved: each restores its own state
         model = suite.variant(config)

@@ -392,12 +392,13 @@ def test_external_data_inside_subgraphs_is_checked_like_the_main_graphs(tmp_path
     assert check_external_data(path) == {"inside.bin"}
 
 
-# Every key of format quest_ort.model/1's JSON: a change to this set is a new format (bump FORMAT).
-FORMAT_1_KEYS = {
-    "activation_dtype", "attention", "block_size", "bounds_dtype", "capacity", "dense_layers", "eos_token_ids",
-    "exporter", "family", "format", "group_reduce", "head_dim", "importance_fraction", "inputs", "kv_dtype",
-    "kv_num_heads", "layers", "model_file", "num_heads", "num_layers", "num_probes", "outputs", "portable",
-    "recent_blocks", "score", "sink_blocks", "source", "sparse_layers", "tokenizer", "top_k", "vocab_size"}
+# The keys of format quest_ort.model/1's JSON, in the order it writes them: a change here is a new
+# format (bump FORMAT).
+FORMAT_1_KEYS = (
+    "model_file", "family", "source", "num_layers", "num_heads", "kv_num_heads", "head_dim", "vocab_size",
+    "activation_dtype", "kv_dtype", "capacity", "block_size", "top_k", "sink_blocks", "recent_blocks", "group_reduce",
+    "importance_fraction", "sparse_layers", "dense_layers", "layers", "inputs", "outputs", "eos_token_ids", "tokenizer",
+    "attention", "score", "num_probes", "portable", "bounds_dtype", "exporter", "format")
 
 
 @pytest.mark.parametrize("settings", [QUEST, GQA], ids=["quest", "gqa"])
@@ -406,10 +407,13 @@ def test_the_sidecar_is_its_geometry_and_settings_and_keeps_format_1s_json(setti
     from quest_ort.model_folder.sidecar import Sidecar
 
     folder = quest_export("qwen3", **settings)
-    written = json.loads((folder / SIDECAR).read_text())
-    assert set(written) == FORMAT_1_KEYS
+    text = (folder / SIDECAR).read_text()
+    written = json.loads(text)
+    assert tuple(written) == FORMAT_1_KEYS
     sidecar = Sidecar.read(folder)
-    assert sidecar.to_dict() == written
+    assert sidecar.to_json() + "\n" == text, "read and written again, the sidecar is not the same bytes"
+    assert sidecar.settings.importance == (settings.get("importance_fraction", 0) > 0
+                                          and settings.get("attention") != "gqa")
     assert sidecar.geometry == Geometry(**{name: written[name] for name in
                                            ("num_layers", "num_heads", "kv_num_heads", "head_dim", "activation_dtype")})
     assert isinstance(sidecar.settings, SparseSettings) and sidecar.settings.top_k == settings["top_k"]

@@ -1,4 +1,7 @@
-"""float32 keys that exercise rounding into float16 (specials, subnormals, overflow, a wide random spread), shared by ops/test_fp16.py and kernels/test_kernel_variants.py."""
+"""float32 keys that exercise rounding into float16: specials, subnormals, overflow, a wide spread.
+
+Shared by ops/test_fp16.py and kernels/test_kernel_variants.py.
+"""
 
 from __future__ import annotations
 

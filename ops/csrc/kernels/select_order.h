@@ -1,5 +1,6 @@
-// How the CPU kernels carry out the selection rule (select_rule.h): the best blocks by the rule's
-// order over all of a query's blocks at once, and the row selection every CPU variant shares.
+// How the CPU kernels carry out the selection rule (select_rule.h) over a query's blocks.
+// The best blocks by the rule's order over all of a query's blocks at once, and the row selection
+// every CPU variant shares.
 //
 // Variants differ only in how they score blocks; the way they keep and rank blocks lives here
 // once, so every variant selects exactly the same blocks.

@@ -1,5 +1,6 @@
-// The selection rule of SparseBlockSelect, written once for every kernel that selects: the CPU
-// kernels (select_order.h), the Ascend kernel and its CPU emulator (cann/kernels/select_item.h).
+// The selection rule of SparseBlockSelect, written once for every kernel that selects.
+// Its users: the CPU kernels (select_order.h), the Ascend kernel and its CPU emulator
+// (cann/kernels/select_item.h).
 //
 // Kernels differ in how they score blocks and keep the chosen ones; what a query selects is decided
 // here. Only <cstdint>, no allocation and no standard library, so that the AscendC compiler takes
@@ -49,7 +50,7 @@ QUEST_AICORE int64_t importance_quota(float fraction, int64_t remaining) {
 //   take(m)                                 takes block m, unless it is taken already
 //   has_importance()                        whether the call has block importance
 //   take_best_importance(eligible, count)   take the best `count` untaken blocks of [0, eligible)
-//   take_best_scores(eligible, count)         by ranks_before of their importance / scores
+//   take_best_scores(eligible, count)       by ranks_before of their importance / scores
 //   finish()                                the row: the taken blocks ascending, -1 padded
 template <class Rule, class Selection>
 QUEST_AICORE void select_blocks(const Rule& rule, int64_t current, Selection& selection) {

@@ -1,5 +1,5 @@
-// The Ascend kernels' plans executed on the CPU, step for step: every core's items in order, every
-// chunk copied into a bounds-checked model of that core's unified buffer at the plan's offsets,
+// The Ascend kernels' plans executed on the CPU, step for step.
+// Every core's items in order, every chunk copied into a bounds-checked model of that core's unified buffer at the plan's offsets,
 // the same canonical arithmetic and the kernel's own scalar-unit selection (kernels/select_item.h).
 // Results must equal the scalar kernels bit for bit; a plan that overlaps, overflows or misaligns a
 // buffer throws. SparseBlockAttention runs the FIA block table through a plain float32 attention.

@@ -1,5 +1,5 @@
-// The per-item selection of the SparseBlockSelect Ascend kernel (sparse_block_select_npu.cpp), on
-// the AI core's scalar unit; the CPU emulator (emulator/emulated_kernels.cc) compiles and runs this
+// The per-item selection of the SparseBlockSelect Ascend kernel, on the AI core's scalar unit.
+// sparse_block_select_npu.cpp calls it; the CPU emulator (emulator/emulated_kernels.cc) compiles and runs this
 // same code over its model of a core. The rule is kernels/select_rule.h; here it is carried out
 // chunk by chunk with no allocation and no standard library, arrays behind accessors (.get(i) /
 // .set(i, v): UB or GM tensors on the NPU, bounds-checked memory in the emulator).
