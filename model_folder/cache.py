@@ -13,14 +13,13 @@ from typing import Callable, Generic, Iterator, TypeVar
 
 import numpy as np
 
-from .sidecar import LayerIO, Sidecar
+from .sidecar import CACHE_ROLES, LayerIO, Sidecar
 
 T = TypeVar("T")
 U = TypeVar("U")
 
 # Role in LayerCaches -> the LayerIO field naming its graph input.
-PAST_INPUTS = {"key": "past_key", "value": "past_value", "block_max": "past_block_max",
-               "block_min": "past_block_min", "block_importance": "past_block_importance"}
+PAST_INPUTS = {role: f"past_{role}" for role in CACHE_ROLES}
 
 
 @dataclasses.dataclass(frozen=True)

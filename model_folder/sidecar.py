@@ -23,6 +23,10 @@ class ModelFolderError(ValueError):
     names the file, the field and what is wrong."""
 
 
+# The caches of a layer, by role: LayerIO names each one's past input and present output.
+CACHE_ROLES = ("key", "value", "block_max", "block_min", "block_importance")
+
+
 @dataclasses.dataclass
 class LayerIO:
     past_key: str
@@ -39,6 +43,11 @@ class LayerIO:
     @property
     def sparse(self) -> bool:
         return self.past_block_max is not None
+
+    def present_to_past(self) -> dict[str, str]:
+        """Each present output of the layer -> the past input it updates."""
+        return {getattr(self, f"present_{role}"): getattr(self, f"past_{role}") for role in CACHE_ROLES
+                if getattr(self, f"past_{role}") is not None}
 
 
 _GEOMETRY_FIELDS = tuple(f.name for f in dataclasses.fields(Geometry))

@@ -91,15 +91,7 @@ class QuestModel:
         self.session = make_session(str(model_path), threads=threads, providers=providers, initializers=initializers,
                                     register_library=not self.sidecar.settings.portable)
         self._initializers = initializers  # ONNX Runtime only borrows them: they must outlive the session
-        aliases = {}
-        for layer in self.sidecar.layers:
-            aliases[layer.present_key] = layer.past_key
-            aliases[layer.present_value] = layer.past_value
-            if layer.sparse:
-                aliases[layer.present_block_max] = layer.past_block_max
-                aliases[layer.present_block_min] = layer.past_block_min
-            if layer.past_block_importance:
-                aliases[layer.present_block_importance] = layer.past_block_importance
+        aliases = {present: past for layer in self.sidecar.layers for present, past in layer.present_to_past().items()}
         # A portable graph's standard ops may read a cache after writing their output, so its presents
         # are not bound in place: they come back as arrays and are copied into the caches.
         self._copy_back = aliases if self.sidecar.settings.portable else {}
@@ -197,11 +189,12 @@ class QuestModel:
         block importance. Key and value slots past `lengths` hold nothing valid, so a failed step
         leaves them harmless."""
         block = cache.lengths // self.sidecar.settings.block_size
-        saved = []
+        saved, index = [], None
         for layer in cache.layers:
             for bounds in (layer.block_max, layer.block_min):
                 if bounds is not None:
-                    index = (np.arange(cache.batch), slice(None), np.minimum(block, bounds.shape[2] - 1))
+                    if index is None:  # every layer's bounds have the same blocks
+                        index = (np.arange(cache.batch), slice(None), np.minimum(block, bounds.shape[2] - 1))
                     saved.append((bounds, index, bounds[index].copy()))
             if layer.block_importance is not None:
                 saved.append((layer.block_importance, ..., layer.block_importance.copy()))
