@@ -14,8 +14,9 @@ from onnx import defs, helper
 
 from .schemas import ALL_OPS, DOMAIN, TYPE_VARS, VERSION, OpSpec
 
-_ONNX_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int32": "tensor(int32)"}
-_ELEM_ENUM = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16, "int32": onnx.TensorProto.INT32}
+_ONNX_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int32": "tensor(int32)", "int8": "tensor(int8)"}
+_ELEM_ENUM = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16, "int32": onnx.TensorProto.INT32,
+              "int8": onnx.TensorProto.INT8}
 _ATTR_TYPES = {"int": defs.OpSchema.AttrType.INT, "float": defs.OpSchema.AttrType.FLOAT, "string": defs.OpSchema.AttrType.STRING}
 
 
@@ -77,7 +78,9 @@ def _infer(spec: OpSpec, ctx) -> None:
     dims: dict[str, int | str | None] = {}
     for symbol, attr_name in spec.symbol_attrs.items():
         dims[symbol] = _attribute_value(ctx, spec.attribute(attr_name))
-    elem_types: dict[str, int] = {"int32": onnx.TensorProto.INT32, "float32": onnx.TensorProto.FLOAT}
+    elem_types: dict[str, int] = {"int32": onnx.TensorProto.INT32, "float32": onnx.TensorProto.FLOAT,
+                                  "float16": onnx.TensorProto.FLOAT16}
+    type_vars = spec.type_vars()
     type_origin: dict[str, str] = {}
     for index, tensor in enumerate(spec.inputs):
         if index >= ctx.get_num_inputs() or not ctx.has_input(index):
@@ -86,10 +89,10 @@ def _infer(spec: OpSpec, ctx) -> None:
         if type_proto is None or not type_proto.HasField("tensor_type"):
             continue
         elem = type_proto.tensor_type.elem_type
-        if tensor.elem in TYPE_VARS and _elem_name(elem) not in TYPE_VARS[tensor.elem]:
+        if tensor.elem in type_vars and _elem_name(elem) not in type_vars[tensor.elem]:
             raise onnx.shape_inference.InferenceError(
                 f"{spec.name}: input '{tensor.name}' has element type {_elem_name(elem)}; "
-                f"expected one of {', '.join(TYPE_VARS[tensor.elem])}"
+                f"expected one of {', '.join(type_vars[tensor.elem])}"
             )
         if tensor.elem in TYPE_VARS and elem_types.setdefault(tensor.elem, elem) != elem:
             raise onnx.shape_inference.InferenceError(
@@ -136,7 +139,7 @@ def _schema(spec: OpSpec) -> defs.OpSchema:
         spec.doc,
         inputs=[_formal(t) for t in spec.inputs],
         outputs=[_formal(t) for t in spec.outputs],
-        type_constraints=[(var, [_ONNX_TYPES[t] for t in types], f"{var} element type") for var, types in TYPE_VARS.items()],
+        type_constraints=[(var, [_ONNX_TYPES[t] for t in types], f"{var} element type") for var, types in spec.type_vars().items()],
         attributes=[_attribute(a) for a in spec.attributes],
     )
     schema.set_type_and_shape_inference_function(functools.partial(_infer, spec))

@@ -22,7 +22,7 @@ def _load_schemas():
     return module
 
 
-_ELEM = {"T": "Elem::T", "TC": "Elem::TC", "int32": "Elem::Int32", "float32": "Elem::Float32"}
+_ELEM = {"T": "Elem::T", "TC": "Elem::TC", "int32": "Elem::Int32", "float32": "Elem::Float32", "float16": "Elem::Float16"}
 _KIND = {"int": "AttrKind::Int", "float": "AttrKind::Float", "string": "AttrKind::String"}
 
 
@@ -85,10 +85,11 @@ def _op_block(op) -> str:
         lines += derived
         lines.append("};")
     derived_ref = ("kDerived", len(op.derived)) if derived else ("nullptr", 0)
+    lines.append(f"inline constexpr bool kInt8Cache = {'true' if 'int8' in op.cache_types else 'false'};")
     lines.append(
         f"inline constexpr OpSchema kSchema = {{{_c_str(op.name)}, kInputs, {len(op.inputs)}, "
         f"kOutputs, {len(op.outputs)}, kAttributes, {len(op.attributes)}, kSymbolAttrs, "
-        f"{len(op.symbol_attrs)}, {derived_ref[0]}, {derived_ref[1]}}};"
+        f"{len(op.symbol_attrs)}, {derived_ref[0]}, {derived_ref[1]}, kInt8Cache}};"
     )
     lines.append(f"}}  // namespace {op.name}")
     return "\n".join(lines)

@@ -22,11 +22,13 @@ DOMAIN = "quest"
 VERSION = 1
 
 # Element types. "T" is the activation type (query, key, value, output), "TC" the storage type of
-# caches and metadata; both range over FLOAT_TYPES and need not be equal.
+# an op's caches or block bounds; they need not be equal. T ranges over FLOAT_TYPES; TC over the
+# op's `cache_types` (FLOAT_TYPES, and int8 for SparseBlockAttention's quantized caches).
 FLOAT_TYPES = ("float32", "float16")
-TYPE_VARS = {"T": FLOAT_TYPES, "TC": FLOAT_TYPES}
+CACHE_TYPES = (*FLOAT_TYPES, "int8")
+TYPE_VARS = {"T": FLOAT_TYPES, "TC": CACHE_TYPES}  # the widest ranges; OpSpec.type_vars() per op
 
-ElemType = Literal["T", "TC", "int32", "float32"]
+ElemType = Literal["T", "TC", "int32", "float32", "float16"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +107,11 @@ class OpSpec:
     attributes: tuple[Attribute, ...]
     symbol_attrs: dict[str, str] = dataclasses.field(default_factory=dict)
     derived: tuple[Derived, ...] = ()
+    cache_types: tuple[str, ...] = FLOAT_TYPES  # what TC may be for this op
+
+    def type_vars(self) -> dict[str, tuple[str, ...]]:
+        """The element types each type variable of this op ranges over."""
+        return {"T": FLOAT_TYPES, "TC": self.cache_types}
 
     def input_index(self, name: str) -> int:
         return [t.name for t in self.inputs].index(name)
@@ -157,7 +164,17 @@ QUEST_METADATA = OpSpec(
         Tensor("block_max_out", "TC", ("B", "N", "M", "D"), "updated block max (may alias block_max)"),
         Tensor("block_min_out", "TC", ("B", "N", "M", "D"), "updated block min (may alias block_min)"),
     ),
-    attributes=(_BLOCK_SIZE,),
+    attributes=(
+        _BLOCK_SIZE,
+        Attribute(
+            "key_cache_type",
+            "string",
+            "the key cache the bounds must hold: 'float' (float32 or float16), or 'int8': each key as "
+            "SparseBlockAttention's int8 cache stores it (quantized per row, dequantized exactly)",
+            default="float",
+            choices=("float", "int8"),
+        ),
+    ),
     symbol_attrs={"P": "block_size"},
 )
 
@@ -257,6 +274,9 @@ SPARSE_BLOCK_ATTENTION = OpSpec(
         ),
         _TOTAL_LENS,
         _EXACT_LENS,
+        Tensor("key_scale", "float16", ("B", "N", "C"), "per-row scales of an int8 key cache (int8 only)", optional=True),
+        Tensor("value_scale", "float16", ("B", "N", "C"), "per-row scales of an int8 value cache (int8 only)",
+               optional=True),
     ),
     outputs=(
         Tensor("output", "T", ("B", "S", "HD"), "attention output, heads concatenated"),
@@ -269,6 +289,10 @@ SPARSE_BLOCK_ATTENTION = OpSpec(
             "attention mass per cache block, summed over valid queries and the G heads",
             optional=True,
         ),
+        Tensor("key_scale_out", "float16", ("B", "N", "C"), "key_scale with the new rows' scales (int8 only; may alias)",
+               optional=True),
+        Tensor("value_scale_out", "float16", ("B", "N", "C"),
+               "value_scale with the new rows' scales (int8 only; may alias)", optional=True),
     ),
     attributes=(
         *_HEADS,
@@ -278,6 +302,7 @@ SPARSE_BLOCK_ATTENTION = OpSpec(
     ),
     symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size"},
     derived=(Derived("HD", "mul", "H", "D"), Derived("MC", "ceil_div", "C", "P")),
+    cache_types=CACHE_TYPES,
 )
 
 ALL_OPS: tuple[OpSpec, ...] = (QUEST_METADATA, SPARSE_BLOCK_SELECT, SPARSE_BLOCK_ATTENTION)

@@ -5,19 +5,25 @@ from __future__ import annotations
 import numpy as np
 
 from ._common import fmax, fmin, resolve_total_lens, valid_positions
+from .int8_rows import dequantize_rows, quantize_rows
 
 
-def quest_metadata(key, block_max, block_min, past_lens, total_lens=None, *, block_size):
+def quest_metadata(key, block_max, block_min, past_lens, total_lens=None, *, block_size, key_cache_type="float"):
     """Return (block_max_out, block_min_out) after adding this call's valid new keys.
 
     Keys are rounded outward to the bounds' dtype (toward +inf into the max, toward -inf into the
-    min), so the bounds hold every key at any cache precision as fine as theirs. Block p // P is
-    overwritten by the key of token p when p % P == 0 and merged otherwise.
+    min), so the bounds hold every key at any cache precision as fine as theirs; with
+    key_cache_type 'int8' each key is first quantized and dequantized as an int8 cache stores it.
+    Block p // P is overwritten by the key of token p when p % P == 0 and merged otherwise.
     """
     B, N, S, D = key.shape
     M = block_max.shape[2]
     total = resolve_total_lens(past_lens, total_lens, S, M * block_size, "M * block_size")
     out_max, out_min = block_max.copy(), block_min.copy()
+    if key_cache_type == "int8":
+        key = dequantize_rows(*quantize_rows(key))
+    elif key_cache_type != "float":
+        raise ValueError(f"key_cache_type must be 'float' or 'int8', got {key_cache_type!r}")
     above, below = rounded_outward(key, block_max.dtype)
     for b in range(B):
         for i, p in valid_positions(int(past_lens[b]), int(total[b])):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._common import resolve_exact_lens, resolve_total_lens, valid_positions
+from .int8_rows import dequantize_rows, quantize_rows
 
 
 def attended_positions(row_indices, p, block_size):
@@ -62,6 +63,8 @@ def sparse_block_attention(
     block_indices=None,
     total_lens=None,
     exact_lens=None,
+    key_scale=None,
+    value_scale=None,
     *,
     num_heads,
     kv_num_heads,
@@ -69,13 +72,15 @@ def sparse_block_attention(
     scale=0.0,
     softcap=0.0,
 ):
-    """Return (output [B,S,H*D], key_cache_out, value_cache_out, block_importance [B,N,ceil(C/P)]).
+    """Return (output [B,S,H*D], key_cache_out, value_cache_out, block_importance [B,N,ceil(C/P)]),
+    and with int8 caches also (key_scale_out, value_scale_out): the op's outputs in order.
 
     A query attends exactly (every position up to its own) without block_indices, or when its
     position is below exact_lens[b]; else the positions of its selected blocks.
 
     Attention is computed in float64 on the values the caches hold (new keys and values rounded to
-    the cache dtype), so the kernels' float32 arithmetic is measured against the exact result.
+    the cache dtype, or quantized into int8 rows and dequantized), so the kernels' float32
+    arithmetic is measured against the exact result.
     """
     B, H, S, D = query.shape
     N, C = kv_num_heads, key_cache.shape[2]
@@ -86,13 +91,25 @@ def sparse_block_attention(
     check_block_indices(block_indices, M, H, N)
     exact = resolve_exact_lens(exact_lens, total)
     per_head = block_indices is not None and block_indices.shape[1] == H
+    int8 = key_cache.dtype == np.int8
+    if int8 != (key_scale is not None and value_scale is not None):
+        raise ValueError("key_scale and value_scale are required with int8 caches, and only with them")
     kc, vc = key_cache.copy(), value_cache.copy()
+    ks, vs = (key_scale.copy(), value_scale.copy()) if int8 else (None, None)
     for b in range(B):
         for i, p in valid_positions(int(past_lens[b]), int(total[b])):
-            kc[b, :, p] = key[b, :, i].astype(kc.dtype)
-            vc[b, :, p] = value[b, :, i].astype(vc.dtype)
+            if int8:
+                kc[b, :, p], ks[b, :, p] = quantize_rows(key[b, :, i])
+                vc[b, :, p], vs[b, :, p] = quantize_rows(value[b, :, i])
+            else:
+                kc[b, :, p] = key[b, :, i].astype(kc.dtype)
+                vc[b, :, p] = value[b, :, i].astype(vc.dtype)
     scale = np.float64(default_scale(D) if scale == 0.0 else np.float32(scale))
-    q64, k64, v64 = query.astype(np.float64), kc.astype(np.float64), vc.astype(np.float64)
+    q64 = query.astype(np.float64)
+    if int8:  # float64 of an exact float32 product: the values the rows hold
+        k64, v64 = dequantize_rows(kc, ks).astype(np.float64), dequantize_rows(vc, vs).astype(np.float64)
+    else:
+        k64, v64 = kc.astype(np.float64), vc.astype(np.float64)
     out = np.zeros((B, S, H * D), dtype=np.float64)
     importance = np.zeros((B, N, M), dtype=np.float64)
     for b in range(B):
@@ -119,4 +136,5 @@ def sparse_block_attention(
                 out[b, i, heads.start * D : heads.stop * D] = rows.reshape(-1)
                 np.add.at(importance[b, n], pos // P, weights.sum(axis=0))
     # NaN outputs are the positive quiet NaN with no payload (what np.nan is), as every kernel writes.
-    return out.astype(query.dtype), kc, vc, importance.astype(np.float32)
+    outputs = (out.astype(query.dtype), kc, vc, importance.astype(np.float32))
+    return (*outputs, ks, vs) if int8 else outputs

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "half.h"
+#include "int8_rows.h"
 
 namespace quest {
 

@@ -23,6 +23,8 @@ struct SparseBlockAttentionParams {
   const void* value = nullptr;  // [B, N, S, D] activation_type (new tokens)
   void* key_cache = nullptr;    // [B, N, C, D] cache_type: the output cache, written in place
   void* value_cache = nullptr;  // [B, N, C, D] cache_type: the output cache, written in place
+  Half* key_scale = nullptr;    // [B, N, C] the int8 key cache's row scales, written in place; else null
+  Half* value_scale = nullptr;  // [B, N, C] the int8 value cache's row scales, written in place; else null
   void* output = nullptr;       // [B, S, H * D] activation_type
   float* block_importance = nullptr;  // [B, N, num_blocks] or null; zeroed and filled per item
   // Queries per work unit (0: a unit is a whole item). With block_importance, 0: an item's masses
@@ -34,6 +36,24 @@ struct SparseBlockAttentionParams {
 // value row read once per tile; 64 rows measured about 9% slower on a 4K prefill, their state in L1
 // gaining less than the rereads cost).
 inline int64_t exact_tile_queries(int64_t group) { return group >= 256 ? 1 : 256 / group; }
+
+// One work item's caches: its rows and, for int8 caches, each row's scale (null for float caches).
+template <typename TC>
+struct ItemCaches {
+  const TC* keys;
+  const TC* values;
+  const Half* key_scales;
+  const Half* value_scales;
+};
+
+template <typename TC>
+inline ItemCaches<TC> item_caches(const SparseBlockAttentionParams& params, int64_t item) {
+  const int64_t C = params.capacity, D = params.head_dim;
+  const bool int8 = params.key_scale != nullptr;
+  return {static_cast<const TC*>(params.key_cache) + item * C * D,
+          static_cast<const TC*>(params.value_cache) + item * C * D, int8 ? params.key_scale + item * C : nullptr,
+          int8 ? params.value_scale + item * C : nullptr};
+}
 
 // The attention's work units: item u / units_per_item (one (b, n)), queries [first, last) of it.
 struct AttentionUnit {

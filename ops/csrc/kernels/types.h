@@ -7,7 +7,8 @@
 
 namespace quest {
 
-enum class DType { F32, F16 };
+// I8 is a cache type only: SparseBlockAttention's int8 caches (int8_rows.h), never an activation.
+enum class DType { F32, F16, I8 };
 
 // Calls fn.template operator()<T>() with T = float or Half for a runtime dtype.
 template <typename Fn>
@@ -24,6 +25,16 @@ inline void with_dtypes(DType activation, DType cache, Fn&& fn) {
   with_dtype(activation, [&]<typename T>() {
     with_dtype(cache, [&]<typename TC>() { fn.template operator()<T, TC>(); });
   });
+}
+
+// Calls fn.template operator()<T, TC>() for an activation dtype and a KV cache dtype that may also
+// be int8 (SparseBlockAttention's caches).
+template <typename Fn>
+inline void with_cache_dtypes(DType activation, DType cache, Fn&& fn) {
+  if (cache == DType::I8)
+    with_dtype(activation, [&]<typename T>() { fn.template operator()<T, int8_t>(); });
+  else
+    with_dtypes(activation, cache, fn);
 }
 
 }  // namespace quest

@@ -50,6 +50,7 @@ const char* elem_name(ONNXTensorElementDataType type) {
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return "int8";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "float64";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "bfloat16";
@@ -57,7 +58,9 @@ const char* elem_name(ONNXTensorElementDataType type) {
   }
 }
 
-const char* dtype_name(DType dtype) { return dtype == DType::F32 ? "float32" : "float16"; }
+const char* dtype_name(DType dtype) {
+  return dtype == DType::F32 ? "float32" : dtype == DType::F16 ? "float16" : "int8";
+}
 
 std::string spec_dims(const schema::TensorSpec& spec) {
   std::string text = "[";
@@ -89,7 +92,7 @@ std::string format_shape(const std::vector<int64_t>& shape) {
   return text.str();
 }
 
-size_t element_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+size_t element_size(DType dtype) { return dtype == DType::F32 ? 4 : dtype == DType::F16 ? 2 : 1; }
 
 Attributes::Attributes(const schema::OpSchema& op, const OrtKernelInfo* info) {
   for (int a = 0; a < op.num_attributes; ++a) {
@@ -183,17 +186,25 @@ BoundInputs::BoundInputs(const schema::OpSchema& op, OrtKernelContext* context, 
     const std::string where = std::string("input '") + spec.name + "'";
     switch (spec.elem) {
       case schema::Elem::Int32:
-      case schema::Elem::Float32: {
-        const auto want = spec.elem == schema::Elem::Int32 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+      case schema::Elem::Float32:
+      case schema::Elem::Float16: {
+        const auto want = spec.elem == schema::Elem::Int32     ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
+                          : spec.elem == schema::Elem::Float32 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+                                                               : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
         if (type != want) fail(where + " has element type " + elem_name(type) + "; expected " + elem_name(want));
         break;
       }
       case schema::Elem::T:
       case schema::Elem::TC: {
         const char* var = spec.elem == schema::Elem::T ? "T" : "TC";
-        if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)
-          fail(where + " has element type " + elem_name(type) + "; expected float32 or float16");
-        const DType dtype = type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? DType::F32 : DType::F16;
+        const bool int8 = spec.elem == schema::Elem::TC && op.int8_cache;
+        if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 &&
+            !(int8 && type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8))
+          fail(where + " has element type " + elem_name(type) + "; expected float32" +
+               (int8 ? ", float16 or int8" : " or float16"));
+        const DType dtype = type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT     ? DType::F32
+                            : type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? DType::F16
+                                                                            : DType::I8;
         auto found = type_vars_.find(var);
         if (found == type_vars_.end()) {
           type_vars_[var] = dtype;
@@ -274,6 +285,13 @@ const int32_t* check_exact_lens(const BoundInputs& in, int exact_index, const st
   return exact;
 }
 
+std::vector<bool> node_outputs(const OrtKernelInfo* info) {
+  Ort::ConstKernelInfo kernel_info(info);
+  std::vector<bool> present(kernel_info.GetOutputCount());
+  for (size_t i = 0; i < present.size(); ++i) present[i] = !kernel_info.GetOutputName(i).empty();
+  return present;
+}
+
 void* allocate_output(OrtKernelContext* context, const BoundInputs& in, int index) {
   Ort::KernelContext ctx(context);
   const std::vector<int64_t> shape = in.output_shape(index);
@@ -281,9 +299,10 @@ void* allocate_output(OrtKernelContext* context, const BoundInputs& in, int inde
 }
 
 size_t BoundInputs::byte_size(const schema::TensorSpec& spec, const std::vector<int64_t>& shape) const {
-  size_t bytes = spec.elem == schema::Elem::T    ? element_size(activation_type())
-                 : spec.elem == schema::Elem::TC ? element_size(cache_type())
-                                                 : 4;  // int32, float32
+  size_t bytes = spec.elem == schema::Elem::T       ? element_size(activation_type())
+                 : spec.elem == schema::Elem::TC      ? element_size(cache_type())
+                 : spec.elem == schema::Elem::Float16 ? 2
+                                                      : 4;  // int32, float32
   // Zero first: the other dims of an empty tensor may multiply past size_t (2^31 - 1 heads at S = 0).
   for (int64_t extent : shape)
     if (extent == 0) return 0;
@@ -333,10 +352,10 @@ std::atomic<uint64_t>& copied_bytes() {
   return counter;
 }
 
-bool prepare_in_place(const TensorArg& input, void* output, const BoundInputs& in) {
+bool prepare_in_place(const BoundInputs& in, int index, void* output) {
+  const TensorArg& input = in[index];
   if (input.data == output) return true;
-  size_t bytes = element_size(in.cache_type());
-  for (int64_t extent : input.shape) bytes *= static_cast<size_t>(extent);
+  const size_t bytes = in.byte_size(in.op().inputs[index], input.shape);
   if (bytes > 0) std::memcpy(output, input.data, bytes);
   copied_bytes() += bytes;
   return false;

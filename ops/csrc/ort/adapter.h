@@ -86,6 +86,10 @@ std::vector<int32_t> resolve_total_lens(const BoundInputs& in, int past_index, i
 // returns its data, or null when it is absent.
 const int32_t* check_exact_lens(const BoundInputs& in, int exact_index, const std::vector<int32_t>& total);
 
+// Which outputs a node has, by index: an optional output the node leaves out (an empty name, or
+// past its last output) is absent.
+std::vector<bool> node_outputs(const OrtKernelInfo* info);
+
 // Allocates output `index` with its schema shape; returns its data pointer.
 void* allocate_output(OrtKernelContext* context, const BoundInputs& in, int index);
 
@@ -115,7 +119,7 @@ class BoundOutputs {
 // True when the output buffer is bound to the same memory as the input (IOBinding in place).
 // Otherwise copies the input into the output first, so the kernels always update in place (the
 // two never overlap: BoundOutputs refused that).
-bool prepare_in_place(const TensorArg& input, void* output, const BoundInputs& in);
+bool prepare_in_place(const BoundInputs& in, int index, void* output);
 // Bytes copied by prepare_in_place since the library loaded (tests prove in-place steps copy 0).
 std::atomic<uint64_t>& copied_bytes();
 
@@ -132,7 +136,7 @@ struct CpuPlacement {
   static bool host_input(const schema::OpSchema&, size_t) { return false; }
 };
 
-// Registers one ORT custom op per (activation, cache) dtype pair for a kernel class.
+// One ORT custom op of a kernel class for one (activation, cache) dtype pair.
 // The kernel class provides: Kernel(const OrtKernelInfo*) and void Compute(OrtKernelContext*),
 // and a static `schema()` returning its generated schema.
 template <typename Kernel, typename Placement = CpuPlacement>
@@ -149,6 +153,7 @@ struct QuestCustomOp : Ort::CustomOpBase<QuestCustomOp<Kernel, Placement>, Kerne
     }
   }
   const char* GetName() const { return Kernel::schema().name; }
+  ONNXTensorElementDataType cache_type() const { return cache_; }
   const char* GetExecutionProviderType() const { return Placement::execution_provider(); }
   OrtMemType GetInputMemoryType(size_t i) const {
     return Placement::host_input(Kernel::schema(), i) ? OrtMemTypeCPUInput : OrtMemTypeDefault;
@@ -171,6 +176,7 @@ struct QuestCustomOp : Ort::CustomOpBase<QuestCustomOp<Kernel, Placement>, Kerne
       case schema::Elem::TC: return cache_;
       case schema::Elem::Int32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
       case schema::Elem::Float32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+      case schema::Elem::Float16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     }
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   }

@@ -41,6 +41,7 @@ class SparseBlockAttentionKernel : public KernelBase<SparseBlockAttentionKernel>
 
  private:
   Attributes attributes_;
+  std::vector<bool> outputs_;  // which outputs the node has (optional ones may be absent)
 };
 
 }  // namespace quest::ort

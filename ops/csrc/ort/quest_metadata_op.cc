@@ -19,8 +19,8 @@ void QuestMetadataKernel::Compute(OrtKernelContext* context) {
   BoundOutputs outputs(context, in);
   void* block_max = outputs.allocate(io::out::block_max_out, io::in::block_max);
   void* block_min = outputs.allocate(io::out::block_min_out, io::in::block_min);
-  prepare_in_place(in[io::in::block_max], block_max, in);
-  prepare_in_place(in[io::in::block_min], block_min, in);
+  prepare_in_place(in, io::in::block_max, block_max);
+  prepare_in_place(in, io::in::block_min, block_min);
   // No new token: the metadata stands as it is. (Past this, the B * N work items are bounded by
   // the key's elements, so empty dims next to huge ones cannot make a long empty loop.)
   if (S == 0) return;
@@ -39,6 +39,7 @@ void QuestMetadataKernel::Compute(OrtKernelContext* context) {
   params.key = in[io::in::key].data;
   params.block_max = block_max;
   params.block_min = block_min;
+  params.int8_keys = attributes_.get_string("key_cache_type") == "int8";
   const QuestMetadataFn kernel = active_kernels().quest_metadata;
   parallel_for(context, B * N, [&](int64_t item) { kernel(params, item, item + 1); });
 }

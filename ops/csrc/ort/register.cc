@@ -27,12 +27,16 @@ namespace {
 
 constexpr ONNXTensorElementDataType kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 constexpr ONNXTensorElementDataType kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+constexpr ONNXTensorElementDataType kInt8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
 
-// One registration per (activation T, cache TC) pair; ORT picks the one matching the node.
+// One registration per (activation T, cache TC) pair; ORT picks the one matching the node. The
+// int8 pairs only for an op whose schema lets TC be int8.
 template <typename Kernel>
 void add_variants(Ort::CustomOpDomain& domain) {
-  static QuestCustomOp<Kernel> variants[] = {{kFloat, kFloat}, {kFloat, kHalf}, {kHalf, kFloat}, {kHalf, kHalf}};
-  for (auto& variant : variants) domain.Add(&variant);
+  static QuestCustomOp<Kernel> variants[] = {{kFloat, kFloat}, {kFloat, kHalf}, {kHalf, kFloat},
+                                             {kHalf, kHalf},   {kFloat, kInt8}, {kHalf, kInt8}};
+  for (auto& variant : variants)
+    if (Kernel::schema().int8_cache || variant.cache_type() != kInt8) domain.Add(&variant);
 }
 
 }  // namespace

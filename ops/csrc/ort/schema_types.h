@@ -5,7 +5,7 @@
 
 namespace quest::schema {
 
-enum class Elem { T, TC, Int32, Float32 };
+enum class Elem { T, TC, Int32, Float32, Float16 };
 enum class AttrKind { Int, Float, String };
 
 struct TensorSpec {
@@ -60,6 +60,7 @@ struct OpSchema {
   int num_symbol_attrs;
   const DerivedSpec* derived;
   int num_derived;
+  bool int8_cache;  // TC may also be int8 (SparseBlockAttention's quantized caches)
 };
 
 }  // namespace quest::schema

@@ -44,9 +44,28 @@ void check_block_indices(const BoundInputs& in, int64_t num_blocks) {
   }
 }
 
+// An int8 cache comes with its row scales, as inputs and as outputs (the new rows' scales are
+// written there); a float cache with none.
+void check_scales(const BoundInputs& in, const std::vector<bool>& outputs) {
+  const bool int8 = in.cache_type() == DType::I8;
+  for (const auto [input, output] : {std::pair{io::in::key_scale, io::out::key_scale_out},
+                                     std::pair{io::in::value_scale, io::out::value_scale_out}}) {
+    const std::string name = in.op().inputs[input].name, output_name = in.op().outputs[output].name;
+    if (int8 && !in[input].present())
+      in.fail("input '" + name + "' is required with int8 caches (each row's scale)");
+    if (!int8 && in[input].present())
+      in.fail("input '" + name + "' is given, but the caches are " +
+              (in.cache_type() == DType::F32 ? "float32" : "float16") + ": scales belong to int8 caches only");
+    const bool bound = static_cast<size_t>(output) < outputs.size() && outputs[output];
+    if (int8 && !bound) in.fail("output '" + output_name + "' is required with int8 caches (the new rows' scales)");
+    if (!int8 && bound) in.fail("output '" + output_name + "' is bound, but the caches are not int8: leave it out");
+  }
+}
+
 }  // namespace
 
-SparseBlockAttentionKernel::SparseBlockAttentionKernel(const OrtKernelInfo* info) : attributes_(schema(), info) {
+SparseBlockAttentionKernel::SparseBlockAttentionKernel(const OrtKernelInfo* info)
+    : attributes_(schema(), info), outputs_(node_outputs(info)) {
   check_head_grouping(schema(), attributes_);
 }
 
@@ -59,18 +78,25 @@ void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
   const std::vector<int32_t> total =
       resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, C, "the cache capacity C (key_cache dim 2)");
   check_block_indices(in, num_blocks);
+  check_scales(in, outputs_);
   const int32_t* exact_lens = check_exact_lens(in, io::in::exact_lens, total);
 
   BoundOutputs outputs(context, in);
   void* output = outputs.allocate(io::out::output);
   void* key_cache = outputs.allocate(io::out::key_cache_out, io::in::key_cache);
   void* value_cache = outputs.allocate(io::out::value_cache_out, io::in::value_cache);
-  Ort::KernelContext ctx(context);
-  float* importance = ctx.GetOutputCount() > static_cast<size_t>(io::out::block_importance)
-                          ? static_cast<float*>(outputs.allocate(io::out::block_importance))
-                          : nullptr;
-  prepare_in_place(in[io::in::key_cache], key_cache, in);
-  prepare_in_place(in[io::in::value_cache], value_cache, in);
+  const bool has_importance = outputs_.size() > static_cast<size_t>(io::out::block_importance) &&
+                              outputs_[io::out::block_importance];
+  float* importance = has_importance ? static_cast<float*>(outputs.allocate(io::out::block_importance)) : nullptr;
+  const bool int8 = in.cache_type() == DType::I8;
+  void* key_scale = int8 ? outputs.allocate(io::out::key_scale_out, io::in::key_scale) : nullptr;
+  void* value_scale = int8 ? outputs.allocate(io::out::value_scale_out, io::in::value_scale) : nullptr;
+  prepare_in_place(in, io::in::key_cache, key_cache);
+  prepare_in_place(in, io::in::value_cache, value_cache);
+  if (int8) {
+    prepare_in_place(in, io::in::key_scale, key_scale);
+    prepare_in_place(in, io::in::value_scale, value_scale);
+  }
   if (S == 0) {  // no query: nothing attended, nothing written (importance is all zero)
     if (importance != nullptr) std::fill(importance, importance + B * N * num_blocks, 0.0f);
     return;
@@ -101,6 +127,8 @@ void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
   params.value = in[io::in::value].data;
   params.key_cache = key_cache;
   params.value_cache = value_cache;
+  params.key_scale = static_cast<Half*>(key_scale);
+  params.value_scale = static_cast<Half*>(value_scale);
   params.output = output;
   params.block_importance = importance;
   // Prefill calls split each item's queries into tiles of the exact walk, so that every thread has

@@ -108,7 +108,13 @@ void prepare_in_place_npu(const TensorArg& input, void* output, const BoundInput
 
 class CannMetadataKernel : public KernelBase<CannMetadataKernel> {
  public:
-  explicit CannMetadataKernel(const OrtKernelInfo* info) : attributes_(schema(), info) {}
+  explicit CannMetadataKernel(const OrtKernelInfo* info) : attributes_(schema(), info) {
+    // The AscendC kernel bounds the keys as given; int8 caches (whose attention runs on the CPU
+    // op: only float16 caches are registered here) need the keys' dequantized values.
+    if (attributes_.get_string("key_cache_type") != "float")
+      throw OpError(schema(), "key_cache_type '" + attributes_.get_string("key_cache_type") +
+                                  "' is not supported on CANN: its kernels take float caches only");
+  }
   static const schema::OpSchema& schema() { return schema::QuestMetadata::kSchema; }
 
   void Compute(OrtKernelContext* context) {

@@ -33,6 +33,13 @@ struct Lanes {
     return {vcvt_f32_f16(vget_low_f16(low)), vcvt_high_f32_f16(low), vcvt_f32_f16(vget_low_f16(high)),
             vcvt_high_f32_f16(high)};
   }
+  // Sixteen int8 values widened exactly (sign-extended twice, then converted).
+  static Lanes load(const int8_t* p) {
+    const int8x16_t bytes = vld1q_s8(p);
+    const int16x8_t low = vmovl_s8(vget_low_s8(bytes)), high = vmovl_high_s8(bytes);
+    return {vcvtq_f32_s32(vmovl_s16(vget_low_s16(low))), vcvtq_f32_s32(vmovl_high_s16(low)),
+            vcvtq_f32_s32(vmovl_s16(vget_low_s16(high))), vcvtq_f32_s32(vmovl_high_s16(high))};
+  }
   void store(float* p) const {
     vst1q_f32(p, a);
     vst1q_f32(p + 4, b);

@@ -4,6 +4,7 @@
 // (when it attends exactly) tiles of kExactTile positions. The scratch per query is O(span + D)
 // whatever the context: prefill never builds an S x C matrix.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "../arith.h"
@@ -25,9 +26,14 @@ void write_tokens(const SparseBlockAttentionParams& prm, int64_t begin, int64_t 
     TC* value_cache = static_cast<TC*>(prm.value_cache) + item * C * D;
     for (int64_t p = past; p < total; ++p) {
       const int64_t i = p - past;
-      for (int64_t d = 0; d < D; ++d) {
-        key_cache[p * D + d] = from_float<TC>(to_float(key[i * D + d]));
-        value_cache[p * D + d] = from_float<TC>(to_float(value[i * D + d]));
+      if constexpr (std::is_same_v<TC, int8_t>) {
+        prm.key_scale[item * C + p] = quantize_row(key + i * D, D, key_cache + p * D);
+        prm.value_scale[item * C + p] = quantize_row(value + i * D, D, value_cache + p * D);
+      } else {
+        for (int64_t d = 0; d < D; ++d) {
+          key_cache[p * D + d] = from_float<TC>(to_float(key[i * D + d]));
+          value_cache[p * D + d] = from_float<TC>(to_float(value[i * D + d]));
+        }
       }
     }
   }
@@ -43,16 +49,19 @@ struct HeadState {
 
 // One online-softmax step of head h over the cache positions [first, last): logits and their max
 // (position t in lane (t - first) % 16), rescale, weights, the values fused into the accumulator in
-// position order. With `masses`, the step's weights of each block it overlaps, summed in the same
+// position order. With int8 caches a logit is the dot with the int8 row times the row's scale, and
+// a value row is weighted by its weight times the row's scale (the softmax sums the bare weights). With `masses`, the step's weights of each block it overlaps, summed in the same
 // lanes, are recorded (a selected block: its whole weight sum; an exact tile: one entry per block).
 template <typename TC>
-void attend_span(const SparseBlockAttentionParams& prm, const float* query, const TC* key_cache,
-                 const TC* value_cache, int64_t first, int64_t last, HeadState& h, std::vector<float>& logits) {
+void attend_span(const SparseBlockAttentionParams& prm, const float* query, const ItemCaches<TC>& cache,
+                 int64_t first, int64_t last, HeadState& h, std::vector<float>& logits) {
   const int64_t D = prm.head_dim, P = prm.block_size;
   LaneMax span_max;
   bool poisoned = false;
   for (int64_t t = first; t < last; ++t) {
-    float logit = fused_dot(query, key_cache + t * D, D) * prm.scale;
+    float logit = fused_dot(query, cache.keys + t * D, D);
+    if (cache.key_scales != nullptr) logit = logit * to_float(cache.key_scales[t]);
+    logit = logit * prm.scale;
     if (prm.softcap > 0.0f) logit = prm.softcap * canonical_tanh(logit / prm.softcap);
     logits[t - first] = logit;
     span_max.add(t - first, logit);
@@ -68,8 +77,9 @@ void attend_span(const SparseBlockAttentionParams& prm, const float* query, cons
     const float w = canonical_exp(logits[t - first] - new_max);
     logits[t - first] = w;
     weights.add(t - first, w);
-    const TC* v = value_cache + t * D;
-    for (int64_t d = 0; d < D; ++d) h.accumulator[d] = std::fma(w, to_float(v[d]), h.accumulator[d]);
+    const TC* v = cache.values + t * D;
+    const float row_weight = cache.value_scales != nullptr ? w * to_float(cache.value_scales[t]) : w;
+    for (int64_t d = 0; d < D; ++d) h.accumulator[d] = std::fma(row_weight, to_float(v[d]), h.accumulator[d]);
   }
   h.denominator = h.denominator + weights.fold();
   h.max_logit = new_max;
@@ -95,8 +105,7 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
     const AttentionUnit u = attention_unit(prm, unit);
     const int64_t item = u.item, b = item / prm.kv_heads, n = item % prm.kv_heads;
     const int64_t past = prm.past_lens[b], total = prm.total_lens[b], exact = exact_queries(prm, b);
-    const TC* key_cache = static_cast<const TC*>(prm.key_cache) + item * C * D;
-    const TC* value_cache = static_cast<const TC*>(prm.value_cache) + item * C * D;
+    const ItemCaches<TC> cache = item_caches<TC>(prm, item);
     float* importance = prm.block_importance ? prm.block_importance + item * prm.num_blocks : nullptr;
     if (importance && u.first == 0) std::fill(importance, importance + prm.num_blocks, 0.0f);
     for (int64_t i = u.first; i < u.last; ++i) {
@@ -118,8 +127,8 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
       if (i < exact) {  // every position up to p, tile by tile
         for (int64_t first = 0; first <= p; first += kExactTile)
           for (int64_t g = 0; g < G; ++g)
-            attend_span(prm, queries.data() + g * Dp, key_cache, value_cache, first,
-                        std::min(first + kExactTile, p + 1), heads[g], logits);
+            attend_span(prm, queries.data() + g * Dp, cache, first, std::min(first + kExactTile, p + 1), heads[g],
+                        logits);
       } else {  // each list of blocks is attended by `width` heads from g0: all G, or one head per list
         for (int64_t g0 = 0; g0 < G; g0 += width) {
           const int32_t* row = prm.block_indices + ((item * (G / width) + g0 / width) * S + i) * K;
@@ -128,7 +137,7 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
             const int64_t first = static_cast<int64_t>(block) * P, last = std::min<int64_t>(first + P, p + 1);
             if (block < 0 || first >= last) continue;  // unselected, or entirely after the query
             for (int64_t g = g0; g < g0 + width; ++g)
-              attend_span(prm, queries.data() + g * Dp, key_cache, value_cache, first, last, heads[g], logits);
+              attend_span(prm, queries.data() + g * Dp, cache, first, last, heads[g], logits);
           }
         }
       }
@@ -145,13 +154,13 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
 }  // namespace
 
 void write_cache_tokens_scalar(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
-  with_dtypes(prm.activation_type, prm.cache_type,
-              [&]<typename T, typename TC>() { write_tokens<T, TC>(prm, begin, end); });
+  with_cache_dtypes(prm.activation_type, prm.cache_type,
+                    [&]<typename T, typename TC>() { write_tokens<T, TC>(prm, begin, end); });
 }
 
 void sparse_block_attention_scalar(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
-  with_dtypes(prm.activation_type, prm.cache_type,
-              [&]<typename T, typename TC>() { attend<T, TC>(prm, begin, end); });
+  with_cache_dtypes(prm.activation_type, prm.cache_type,
+                    [&]<typename T, typename TC>() { attend<T, TC>(prm, begin, end); });
 }
 
 }  // namespace quest

@@ -74,6 +74,8 @@ struct RowStream {
   const TC* next_keys;  // null: nothing to prefetch after this step
   int64_t count, next_count, D;
   bool prefetching = true;  // off when the rows are already in cache (a query tile's later queries)
+  const Half* key_scales = nullptr;    // int8 caches: the rows' scales; null for float caches
+  const Half* value_scales = nullptr;
 
   int64_t row_bytes() const { return D * static_cast<int64_t>(sizeof(TC)); }
 };
@@ -99,6 +101,16 @@ inline int64_t key_pass_steps(int64_t count, int64_t D) {
   return (count / kRows + count % kRows) * ((D + kChunk - 1) / kChunk);
 }
 
+// x[g * Pp + t] *= scales[t] for `rows_count` rows and positions [0, count): an int8 cache's row
+// scales on the logits (before the logit scale) or on the weights (before the values). Lanes past
+// count get 0: scratch there, never read.
+QUEST_INLINE void times_row_scales(float* x, int64_t rows_count, int64_t count, int64_t Pp, const Half* scales) {
+  for (int64_t t = 0; t < count; t += kChunk) {
+    const Lanes row_scales = load_row(scales, t, count);
+    for (int64_t g = 0; g < rows_count; ++g) (Lanes::load(x + g * Pp + t) * row_scales).store(x + g * Pp + t);
+  }
+}
+
 // Scaled (and soft-capped) logits [rows][count] of `rows` query rows against key rows [0, count):
 // four rows at a time, then the one to three left.
 template <typename TC>
@@ -115,6 +127,7 @@ void step_logits(const float* queries, int64_t rows_count, int64_t Dp, const Row
     case 1: head_logits<1>(queries, g, Dp, rows, Pp, logits, values); break;
     default: break;
   }
+  if (rows.key_scales != nullptr) times_row_scales(logits, rows_count, count, Pp, rows.key_scales);
   // The scale on whole vectors (the lanes past count hold scratch, overwritten before any use).
   const Lanes scale = Lanes::broadcast(prm.scale);
   for (g = 0; g < rows_count; ++g)

@@ -39,15 +39,15 @@ void widen_rows(const TC* rows, int64_t count, int64_t D, int64_t Dp, float* out
 // stops at its own last position.
 template <typename T, typename TC>
 void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i_begin, int64_t i_end,
-                  const TC* key_cache, const TC* value_cache, ExactScratch& s, float* importance) {
+                  const ItemCaches<TC>& cache, ExactScratch& s, float* importance) {
   const int64_t S = prm.query_len, D = prm.head_dim, H = prm.num_heads, G = H / prm.kv_heads, Dp = padded(D);
   const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads, past = prm.past_lens[b], P = prm.block_size;
   // About 64 rows share each position tile's reads: every loaded key and value row is reused many
   // times, and the rows' state stays in L1/L2.
   const int64_t tile_queries = exact_tile_queries(G), most_rows = tile_queries * G;
   constexpr int64_t Pp = kExactTile;
-  // float rows are read where they lie; float16 rows are widened once per position tile (every row
-  // of a query tile reads each of them).
+  // float rows are read where they lie; float16 and int8 rows are widened once per position tile
+  // (every row of a query tile reads each of them; int8 rows without their scales, applied per row).
   constexpr bool widen = !std::is_same_v<TC, float>;
   s.queries.resize(most_rows * Dp);
   s.accumulators.resize(most_rows * Dp);
@@ -80,6 +80,10 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
       const auto step = [&]<typename TR>(const TR* keys, const TR* values, int64_t stride) {
         RowStream<TR> stream{keys, values, nullptr, span, 0, stride};
         stream.prefetching = false;  // sequential tiles: the hardware prefetchers follow them
+        if (cache.key_scales != nullptr) {
+          stream.key_scales = cache.key_scales + t0;
+          stream.value_scales = cache.value_scales + t0;
+        }
         float* logits = s.logits.data() + r0 * Pp;
         step_logits(s.queries.data() + r0 * Dp, rows - r0, Dp, stream, Pp, prm, logits);
         // Each row's softmax step, in three passes so that the rows' rescale factors come from
@@ -97,14 +101,15 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
                      s.accumulators.data() + r * Dp, Dp);
           if (importance != nullptr) record_masses(weights, t0, s.counts[r], P, s.max_logit[r], s.masses[r]);
         }
+        if (stream.value_scales != nullptr) times_row_scales(logits, rows - r0, span, Pp, stream.value_scales);
         step_values(stream, Dp, rows - r0, s.counts.data() + r0, logits, Pp, s.accumulators.data() + r0 * Dp);
       };
       if constexpr (widen) {
-        widen_rows(key_cache + t0 * D, span, D, Dp, s.keys.data());
-        widen_rows(value_cache + t0 * D, span, D, Dp, s.values.data());
+        widen_rows(cache.keys + t0 * D, span, D, Dp, s.keys.data());
+        widen_rows(cache.values + t0 * D, span, D, Dp, s.values.data());
         step(s.keys.data(), s.values.data(), Dp);
       } else {
-        step(key_cache + t0 * D, value_cache + t0 * D, D);
+        step(cache.keys + t0 * D, cache.values + t0 * D, D);
       }
     }
     for (int64_t r = 0; r < rows; r += G) {  // query i0 + r / G: its G rows

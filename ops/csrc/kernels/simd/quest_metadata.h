@@ -1,6 +1,9 @@
 // QuestMetadata over 16-lane vectors: merge each valid key, rounded outward to the bounds' type, into its block.
 #pragma once
 
+#include <type_traits>
+#include <vector>
+
 #include "../quest_metadata.h"
 #include "canonical.h"
 
@@ -44,30 +47,37 @@ QUEST_INLINE void merge_run(const T* keys, int64_t count, int64_t D, int64_t d, 
   }
 }
 
+// Merges the item's key rows (row i at position past + i) into its blocks: runs of tokens that
+// share a block, merged in token order, as the scalar kernel does.
+template <typename T, typename TC>
+void merge_item(const QuestMetadataParams& prm, int64_t item, const T* key) {
+  constexpr int kChunks = Lanes::kMetadataChunks;
+  const int64_t D = prm.head_dim, M = prm.num_blocks, P = prm.block_size;
+  const int64_t b = item / prm.kv_heads;
+  TC* block_max = static_cast<TC*>(prm.block_max) + item * M * D;
+  TC* block_min = static_cast<TC*>(prm.block_min) + item * M * D;
+  const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
+  for (int64_t p = past; p < total;) {
+    const int64_t run_end = std::min(total, (p / P + 1) * P);
+    const T* keys = key + (p - past) * D;
+    TC* hi = block_max + (p / P) * D;
+    TC* lo = block_min + (p / P) * D;
+    const bool starts_block = p % P == 0;
+    int64_t d = 0;
+    for (; d + kChunks * kChunk <= D; d += kChunks * kChunk)
+      merge_run<kChunks>(keys, run_end - p, D, d, starts_block, hi, lo);
+    for (; d < D; d += kChunk) merge_run<1>(keys, run_end - p, D, d, starts_block, hi, lo);
+    p = run_end;
+  }
+}
+
 template <typename T, typename TC>
 void quest_metadata_items(const QuestMetadataParams& prm, int64_t begin, int64_t end) {
-  constexpr int kChunks = Lanes::kMetadataChunks;
-  const int64_t S = prm.new_tokens, D = prm.head_dim, M = prm.num_blocks, P = prm.block_size;
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t b = item / prm.kv_heads;
-    const T* key = static_cast<const T*>(prm.key) + item * S * D;
-    TC* block_max = static_cast<TC*>(prm.block_max) + item * M * D;
-    TC* block_min = static_cast<TC*>(prm.block_min) + item * M * D;
-    const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
-    // Runs of tokens that share a block: merged in token order, as the scalar kernel does.
-    for (int64_t p = past; p < total;) {
-      const int64_t run_end = std::min(total, (p / P + 1) * P);
-      const T* keys = key + (p - past) * D;
-      TC* hi = block_max + (p / P) * D;
-      TC* lo = block_min + (p / P) * D;
-      const bool starts_block = p % P == 0;
-      int64_t d = 0;
-      for (; d + kChunks * kChunk <= D; d += kChunks * kChunk)
-        merge_run<kChunks>(keys, run_end - p, D, d, starts_block, hi, lo);
-      for (; d < D; d += kChunk) merge_run<1>(keys, run_end - p, D, d, starts_block, hi, lo);
-      p = run_end;
-    }
-  }
+  thread_local std::vector<float> scratch;
+  for (int64_t item = begin; item < end; ++item)
+    with_bounded_keys<T>(prm, item, scratch, [&](const auto* keys) {
+      merge_item<std::remove_cv_t<std::remove_pointer_t<decltype(keys)>>, TC>(prm, item, keys);
+    });
 }
 
 }  // namespace quest::QUEST_ISA

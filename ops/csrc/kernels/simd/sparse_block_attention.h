@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "../sparse_block_attention.h"
@@ -25,9 +26,14 @@ void write_cache_items(const SparseBlockAttentionParams& prm, int64_t begin, int
     TC* key_cache = static_cast<TC*>(prm.key_cache) + item * C * D;
     TC* value_cache = static_cast<TC*>(prm.value_cache) + item * C * D;
     for (int64_t p = past; p < total; ++p) {
-      for (int64_t d = 0; d < D; d += kChunk) {
-        store_row(load_row(key + (p - past) * D, d, D), key_cache + p * D, d, D);
-        store_row(load_row(value + (p - past) * D, d, D), value_cache + p * D, d, D);
+      if constexpr (std::is_same_v<TC, int8_t>) {  // the scalar row format (int8_rows.h), bit for bit
+        prm.key_scale[item * C + p] = quantize_row(key + (p - past) * D, D, key_cache + p * D);
+        prm.value_scale[item * C + p] = quantize_row(value + (p - past) * D, D, value_cache + p * D);
+      } else {
+        for (int64_t d = 0; d < D; d += kChunk) {
+          store_row(load_row(key + (p - past) * D, d, D), key_cache + p * D, d, D);
+          store_row(load_row(value + (p - past) * D, d, D), value_cache + p * D, d, D);
+        }
       }
     }
   }
@@ -64,7 +70,8 @@ void begin_query(const T* query, int64_t S, int64_t D, int64_t G, int64_t Dp, co
 }
 
 // One block of one query for `G` heads, in the scalar kernel's order: logits, then per head the
-// softmax step (and the block's mass), then the weighted values.
+// softmax step (and the block's mass), then the weighted values (with int8 caches each weight times
+// its value row's scale).
 template <typename TC>
 void attend_block(const SparseBlockAttentionParams& prm, const RowStream<TC>& rows, int32_t block, bool importance,
                   int64_t G, int64_t Dp, int64_t Pp, AttentionScratch& s, const QueryState& q) {
@@ -76,6 +83,7 @@ void attend_block(const SparseBlockAttentionParams& prm, const RowStream<TC>& ro
       record_masses(weights, static_cast<int64_t>(block) * prm.block_size, rows.count, prm.block_size,
                     q.max_logit[g], q.masses[g]);
   }
+  if (rows.value_scales != nullptr) times_row_scales(s.logits.data(), G, rows.count, Pp, rows.value_scales);
   step_values(rows, Dp, G, nullptr, s.logits.data(), Pp, q.accumulators);
 }
 
@@ -88,20 +96,25 @@ inline void attended_blocks(const int32_t* row, int64_t K, int64_t P, int64_t p,
     if (row[j] >= 0 && row[j] * P <= p) out[count++] = row[j];
 }
 
-// The rows of `block` a query at p attends (up to p), keys then values.
+// The rows of `block` a query at p attends (up to p), keys then values (and their scales).
 template <typename TC>
-RowStream<TC> block_rows(const TC* key_cache, const TC* value_cache, int64_t block, int64_t P, int64_t p, int64_t D) {
+RowStream<TC> block_rows(const ItemCaches<TC>& cache, int64_t block, int64_t P, int64_t p, int64_t D) {
   const int64_t first = block * P;
-  return {key_cache + first * D, value_cache + first * D, nullptr, std::min(first + P, p + 1) - first, 0, D};
+  RowStream<TC> rows{cache.keys + first * D, cache.values + first * D, nullptr, std::min(first + P, p + 1) - first, 0, D};
+  if (cache.key_scales != nullptr) {
+    rows.key_scales = cache.key_scales + first;
+    rows.value_scales = cache.value_scales + first;
+  }
+  return rows;
 }
 
 // The rows of blocks[j] a query at p attends, prefetching on into blocks[j + 1] (if any).
 template <typename TC>
-RowStream<TC> listed_block_rows(const TC* key_cache, const TC* value_cache, const int32_t* blocks, int64_t count,
-                                int64_t j, int64_t P, int64_t p, int64_t D) {
-  RowStream<TC> rows = block_rows(key_cache, value_cache, blocks[j], P, p, D);
+RowStream<TC> listed_block_rows(const ItemCaches<TC>& cache, const int32_t* blocks, int64_t count, int64_t j, int64_t P,
+                                int64_t p, int64_t D) {
+  RowStream<TC> rows = block_rows(cache, blocks[j], P, p, D);
   if (j + 1 < count) {
-    const RowStream<TC> next = block_rows(key_cache, value_cache, blocks[j + 1], P, p, D);
+    const RowStream<TC> next = block_rows(cache, blocks[j + 1], P, p, D);
     rows.next_keys = next.keys;
     rows.next_count = next.count;
   }
@@ -121,7 +134,7 @@ RowStream<TC> listed_block_rows(const TC* key_cache, const TC* value_cache, cons
 // returns false with nothing done.
 template <typename T, typename TC>
 bool attend_union(const SparseBlockAttentionParams& prm, const int32_t* lists, int64_t stride, int64_t p,
-                  const TC* key_cache, const TC* value_cache, int64_t G, int64_t Dp, int64_t Pp, AttentionScratch& s,
+                  const ItemCaches<TC>& cache, int64_t G, int64_t Dp, int64_t Pp, AttentionScratch& s,
                   const QueryState& state, T* out, float* importance) {
   const int64_t K = prm.top_k, P = prm.block_size, D = prm.head_dim;
   s.head_blocks.resize(G * K);
@@ -140,7 +153,7 @@ bool attend_union(const SparseBlockAttentionParams& prm, const int32_t* lists, i
   const int64_t distinct = static_cast<int64_t>(s.blocks.size());
   for (int64_t j = 0; j < distinct; ++j) {
     const int32_t block = s.blocks[j];
-    RowStream<TC> rows = listed_block_rows(key_cache, value_cache, s.blocks.data(), distinct, j, P, p, D);
+    RowStream<TC> rows = listed_block_rows(cache, s.blocks.data(), distinct, j, P, p, D);
     const auto chose = [&](int64_t g) {
       const int64_t next = s.head_next[g];
       return next < s.head_counts[g] && s.head_blocks[g * K + next] == block;
@@ -167,15 +180,15 @@ bool attend_union(const SparseBlockAttentionParams& prm, const int32_t* lists, i
 // One query's selected blocks: each list attended by `width` heads (all G sharing one list, or
 // each head its own), the per-head lists walked as one when they are ascending.
 template <typename T, typename TC>
-void attend_selected(const SparseBlockAttentionParams& prm, int64_t item, int64_t i, const TC* key_cache,
-                     const TC* value_cache, AttentionScratch& s, T* out, float* importance) {
+void attend_selected(const SparseBlockAttentionParams& prm, int64_t item, int64_t i, const ItemCaches<TC>& cache,
+                     AttentionScratch& s, T* out, float* importance) {
   const int64_t S = prm.query_len, D = prm.head_dim, P = prm.block_size, K = prm.top_k, Dp = padded(D);
   const int64_t b = item / prm.kv_heads, G = prm.num_heads / prm.kv_heads, width = heads_per_block_list(prm);
   const int64_t Pp = padded(rows_per_block(prm)), p = prm.past_lens[b] + i;
   const QueryState state = s.state();
   const int32_t* lists = prm.block_indices + (item * (G / width) * S + i) * K;  // list l at l * S * K
   if (width == 1 && G > 1 &&
-      attend_union(prm, lists, S * K, p, key_cache, value_cache, G, Dp, Pp, s, state, out, importance))
+      attend_union(prm, lists, S * K, p, cache, G, Dp, Pp, s, state, out, importance))
     return;
   s.blocks.resize(K);
   for (int64_t g0 = 0; g0 < G; g0 += width) {
@@ -183,7 +196,7 @@ void attend_selected(const SparseBlockAttentionParams& prm, int64_t item, int64_
     int64_t count = 0;
     attended_blocks(lists + (g0 / width) * S * K, K, P, p, s.blocks.data(), count);
     for (int64_t j = 0; j < count; ++j) {
-      const RowStream<TC> rows = listed_block_rows(key_cache, value_cache, s.blocks.data(), count, j, P, p, D);
+      const RowStream<TC> rows = listed_block_rows(cache, s.blocks.data(), count, j, P, p, D);
       attend_block(prm, rows, s.blocks[j], importance != nullptr, width, Dp, Pp, s, heads);
     }
   }
@@ -205,18 +218,17 @@ template <typename T, typename TC>
     const int64_t b = u.item / prm.kv_heads, n = u.item % prm.kv_heads;
     const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
     const int64_t valid = std::clamp<int64_t>(total - past, 0, S), exact = std::min(exact_queries(prm, b), valid);
-    const TC* key_cache = static_cast<const TC*>(prm.key_cache) + u.item * C * D;
-    const TC* value_cache = static_cast<const TC*>(prm.value_cache) + u.item * C * D;
+    const ItemCaches<TC> cache = item_caches<TC>(prm, u.item);
     float* importance = prm.block_importance != nullptr ? prm.block_importance + u.item * prm.num_blocks : nullptr;
     if (importance != nullptr && u.first == 0) std::fill(importance, importance + prm.num_blocks, 0.0f);
     const T* query = static_cast<const T*>(prm.query) + (b * H + n * G) * S * D;
     auto output = [&](int64_t i) { return static_cast<T*>(prm.output) + (b * S + i) * H * D + n * G * D; };
     for (int64_t i = std::max(valid, u.first); i < u.last; ++i) std::fill(output(i), output(i) + G * D, from_float<T>(0.0f));
     if (u.first < std::min(exact, u.last))
-      attend_exact<T, TC>(prm, u.item, u.first, std::min(exact, u.last), key_cache, value_cache, s.exact, importance);
+      attend_exact<T, TC>(prm, u.item, u.first, std::min(exact, u.last), cache, s.exact, importance);
     for (int64_t i = std::max(exact, u.first); i < std::min(valid, u.last); ++i) {
       begin_query(query + i * D, S, D, G, Dp, s.state());
-      attend_selected<T, TC>(prm, u.item, i, key_cache, value_cache, s, output(i), importance);
+      attend_selected<T, TC>(prm, u.item, i, cache, s, output(i), importance);
     }
   }
 }

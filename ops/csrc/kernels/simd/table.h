@@ -20,13 +20,13 @@ inline void sparse_block_select(const SparseBlockSelectParams& prm, int64_t begi
 }
 
 inline void write_cache_tokens(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
-  with_dtypes(prm.activation_type, prm.cache_type,
-              [&]<typename T, typename TC>() { write_cache_items<T, TC>(prm, begin, end); });
+  with_cache_dtypes(prm.activation_type, prm.cache_type,
+                    [&]<typename T, typename TC>() { write_cache_items<T, TC>(prm, begin, end); });
 }
 
 inline void sparse_block_attention(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
-  with_dtypes(prm.activation_type, prm.cache_type,
-              [&]<typename T, typename TC>() { attention_items<T, TC>(prm, begin, end); });
+  with_cache_dtypes(prm.activation_type, prm.cache_type,
+                    [&]<typename T, typename TC>() { attention_items<T, TC>(prm, begin, end); });
 }
 
 inline KernelTable make_table(const char* name) {

@@ -24,6 +24,10 @@ struct Lanes {
   static Lanes broadcast(float x) { return {_mm512_set1_ps(x)}; }
   static Lanes load(const float* p) { return {_mm512_loadu_ps(p)}; }
   static Lanes load(const Half* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+  // Sixteen int8 values widened exactly (sign-extended, then converted).
+  static Lanes load(const int8_t* p) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+  }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   void store(Half* p) const {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
