@@ -95,8 +95,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", type=_positive, default=None,
                    help="default KV cache capacity in tokens recorded for the runtime "
                    "(default: the model's context, at most 8192)")
-    p.add_argument("--kv-dtype", choices=("float32", "float16"), default="float32",
-                   help="storage type of the KV caches (default float32)")
+    p.add_argument("--kv-dtype", choices=("float32", "float16", "int8"), default="float32",
+                   help="storage type of the KV caches (default float32); int8: one float16 scale per row, "
+                   "written with each token (docs/ops.md, int8 caches)")
     p.add_argument("--bounds-dtype", choices=("float16", "float32"), default=None,
                    help="storage type of the block bounds (default float16, rounded outward so they still bound "
                    "every key: half the bytes a decode step's selection reads; with --score probe, the KV dtype)")

@@ -43,7 +43,7 @@ from .harness import (blocks_per_kv_head, copies_for, gqa_decode_model, plain_se
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 HEADS = ((32, 8, 128), (16, 8, 128))
 CONTEXTS = (4096, 16384, 32768, 65536)
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "int8")  # the caches' (int8: float32 activations, float16 row scales)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,24 +79,56 @@ def _value(array):
 
 
 class Config:
-    """Buffers for one (H, N, D, C, dtype): `copies` independent caches and metadata."""
+    """Buffers for one (H, N, D, C, cache dtype): `copies` independent caches and metadata. int8
+    caches come with their float16 row scales and float32 activations."""
 
     def __init__(self, H, N, D, C, dtype, rng):
         self.H, self.N, self.D, self.C, self.dtype = H, N, D, C, np.dtype(dtype)
+        self.int8 = self.dtype == np.int8
+        self.activation = np.dtype(np.float32) if self.int8 else self.dtype
         self.past = C - 64
-        cache_bytes = 2 * N * C * D * self.dtype.itemsize
+        cache_bytes = self.cache_bytes(C)
         # Cache copies rotate, and so do the selections (from per-copy metadata), so that every call
         # reads blocks no recent call read; metadata copies are sized by their own bytes.
         self.cache_copies = copies_for(cache_bytes, most=4)
-        self.copies = copies_for(2 * N * (C // 16) * D * self.dtype.itemsize)
-        make = lambda shape: rng.standard_normal(shape).astype(np.float32).astype(self.dtype)  # noqa: E731
-        caches = [(_value(make((1, N, C, D))), _value(make((1, N, C, D)))) for _ in range(self.cache_copies)]
+        self.copies = copies_for(2 * N * (C // 16) * D * self.bounds_dtype().itemsize)
+        make = lambda shape: rng.standard_normal(shape).astype(np.float32).astype(self.activation)  # noqa: E731
+
+        def cache():
+            if self.int8:
+                return rng.integers(-127, 128, (1, N, C, D), dtype=np.int8)
+            return make((1, N, C, D))
+
+        caches = [(_value(cache()), _value(cache())) for _ in range(self.cache_copies)]
         self.key_cache = [caches[c % self.cache_copies][0] for c in range(self.copies)]
         self.value_cache = [caches[c % self.cache_copies][1] for c in range(self.copies)]
+        scales = [tuple(_value((rng.random((1, N, C)) * 0.04).astype(np.float16)) for _ in range(2))
+                  for _ in range(self.cache_copies if self.int8 else 0)]
+        self.scales = [scales[c % self.cache_copies] for c in range(self.copies)] if self.int8 else []
         self.query = make((1, H, 1, D))
         self.key = make((1, N, 1, D))
         self.value = make((1, N, 1, D))
         self.past_lens = np.array([self.past], np.int32)
+
+    def bounds_dtype(self, setting_dtype=None) -> np.dtype:
+        """The block bounds' dtype: the setting's, else the cache's (float16 next to int8 caches)."""
+        if setting_dtype is not None:
+            return np.dtype(setting_dtype)
+        return np.dtype(np.float16) if self.int8 else self.dtype
+
+    def cache_feeds(self, c) -> dict:
+        """Copy c's caches (and int8 row scales) by input name."""
+        feeds = dict(key_cache=self.key_cache[c], value_cache=self.value_cache[c])
+        if self.int8:
+            feeds.update(key_scale=self.scales[c][0], value_scale=self.scales[c][1])
+        return feeds
+
+    def cache_arrays(self) -> dict:
+        """Copy 0's caches as arrays: what a model is built from."""
+        return {name: value.numpy() for name, value in self.cache_feeds(0).items()}
+
+    def metadata_attributes(self, P) -> dict:
+        return dict(block_size=P, **({"key_cache_type": "int8"} if self.int8 else {}))
 
     def grouped_query(self, own, rng):
         """Query heads made of a direction shared by their KV head's group and their own (weight `own`)."""
@@ -107,9 +139,9 @@ class Config:
 
     def metadata(self, P, rng, dtype=None):
         """Per-copy metadata [1, N, ceil(C/P), D] of random content (cold, like the caches), of
-        `dtype` (default: the caches')."""
+        `dtype` (default: bounds_dtype())."""
         M = -(-self.C // P)
-        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        dtype = self.bounds_dtype(dtype)
         out = []
         for _ in range(self.copies):
             hi = rng.standard_normal((1, self.N, M, self.D)).astype(np.float32)
@@ -117,7 +149,8 @@ class Config:
         return out
 
     def cache_bytes(self, tokens):
-        return 2 * self.N * tokens * self.D * self.dtype.itemsize
+        """Bytes of `tokens` rows of both caches (with an int8 row's float16 scale)."""
+        return 2 * self.N * tokens * (self.D * self.dtype.itemsize + (2 if self.int8 else 0))
 
 
 def _steps(step: InPlaceStep, feeds_of):
@@ -144,7 +177,7 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
     bounds_bytes = meta[0][0].numpy().dtype.itemsize
     M_eligible = cfg.past // P + 1
     base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, setting=setting.name, block_size=P, top_k=K,
-                threads=threads, group_reduce=group_reduce, bounds=np.dtype(bounds_dtype or cfg.dtype).name)
+                threads=threads, group_reduce=group_reduce, bounds=cfg.bounds_dtype(bounds_dtype).name)
 
     def record(kind, ms, bytes_read=None, **extra):
         row = dict(base, kind=kind, ms=round(ms, 4), **extra)
@@ -158,7 +191,7 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
     # Per-step metadata update (decode, in place).
     update = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=cfg.key, block_max=meta[0][0].numpy(),
                                                                       block_min=meta[0][1].numpy(), past_lens=cfg.past_lens),
-                                               dict(block_size=P)), threads=threads),
+                                               cfg.metadata_attributes(P)), threads=threads),
                          {"block_max_out": "block_max", "block_min_out": "block_min"})
     run = _steps(update, Feeds(cfg.copies, lambda c: dict(key=cfg.key, block_max=meta[c][0], block_min=meta[c][1],
                                                           past_lens=cfg.past_lens)))
@@ -176,13 +209,13 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
 
     # Sparse attention over the selected blocks.
     attention_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P)
-    sparse_inputs = dict(query=cfg.query, key=cfg.key, value=cfg.value, key_cache=cfg.key_cache[0].numpy(),
-                         value_cache=cfg.value_cache[0].numpy(), past_lens=cfg.past_lens, block_indices=indices[0])
+    sparse_inputs = dict(query=cfg.query, key=cfg.key, value=cfg.value, **cfg.cache_arrays(), past_lens=cfg.past_lens,
+                         block_indices=indices[0])
     sparse = InPlaceStep(make_session(op_model("SparseBlockAttention", sparse_inputs, attention_attributes),
                                       threads=threads), LAYER_ALIASES)
     run = _steps(sparse, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
-                                                         key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
-                                                         past_lens=cfg.past_lens, block_indices=indices[c])))
+                                                         **cfg.cache_feeds(c), past_lens=cfg.past_lens,
+                                                         block_indices=indices[c])))
     # Bytes it must read: every distinct selected block of each KV head, keys and values.
     blocks = [sum(b.size for b in blocks_per_kv_head(i[0, :, 0], N)) for i in indices]  # per decode query
     attended = int(cfg.cache_bytes(P) * np.mean(blocks) / N)
@@ -191,13 +224,13 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
 
     # The whole sparse decode step: the three ops as one layer graph, everything in place.
     layer = InPlaceStep(make_session(attention_layer_model(num_heads=H, kv_num_heads=N, head_dim=D, capacity=C,
-                                                           block_size=P, top_k=K, activation_dtype=cfg.dtype,
+                                                           block_size=P, top_k=K, activation_dtype=cfg.activation,
                                                            cache_dtype=cfg.dtype, bounds_dtype=bounds_dtype,
                                                            group_reduce=group_reduce),
                                       threads=threads), LAYER_ALIASES)
     run = _steps(layer, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
-                                                        key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
-                                                        past_lens=cfg.past_lens, block_max=meta[c][0], block_min=meta[c][1])))
+                                                        **cfg.cache_feeds(c), past_lens=cfg.past_lens,
+                                                        block_max=meta[c][0], block_min=meta[c][1])))
     record("sparse_step", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * bounds_bytes + attended)
     return run
 
@@ -206,14 +239,14 @@ def bench_dense(cfg: Config, threads: int, rows: list):
     H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
     base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, threads=threads)
     dense = InPlaceStep(make_session(attention_layer_model(num_heads=H, kv_num_heads=N, head_dim=D, capacity=C,
-                                                           block_size=32, top_k=None, activation_dtype=cfg.dtype,
+                                                           block_size=32, top_k=None, activation_dtype=cfg.activation,
                                                            cache_dtype=cfg.dtype), threads=threads), LAYER_ALIASES)
     run = _steps(dense, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
-                                                        key_cache=cfg.key_cache[c], value_cache=cfg.value_cache[c],
-                                                        past_lens=cfg.past_lens)))
+                                                        **cfg.cache_feeds(c), past_lens=cfg.past_lens)))
     results, runs = {}, {}
     results["dense"] = time_rotating(run, cfg.copies, budget_s=1.0)
-    kinds = [("gqa", False)] + ([("gqa_int8", True)] if cfg.dtype == np.float32 else [])
+    # GroupQueryAttention's float caches and its own int8 cache (next to the float32 configuration).
+    kinds = [] if cfg.int8 else [("gqa", False)] + ([("gqa_int8", True)] if cfg.dtype == np.float32 else [])
     for kind, int8_kv in kinds:
         runs[kind] = _gqa_run(cfg, threads, int8_kv)
         results[kind] = time_rotating(runs[kind], cfg.copies, budget_s=1.0)
@@ -297,7 +330,10 @@ def paired_speedups(step_run, baseline_runs: dict, copies: int, rows: list, **wh
 
 
 def bench_metadata_build(dtype, C, P, N, D, threads, rng, rows, bounds_dtype="float16"):
-    key = rng.standard_normal((1, N, C, D)).astype(np.float32).astype(dtype)
+    """A prefill's metadata build over C keys; with int8 caches (`dtype`) float32 keys, bounded as
+    the int8 cache stores them."""
+    int8 = np.dtype(dtype) == np.int8
+    key = rng.standard_normal((1, N, C, D)).astype(np.float32).astype(np.float32 if int8 else dtype)
     copies = copies_for(key.nbytes)
     keys = [key] + [np.roll(key, c, axis=2) for c in range(1, copies)]
     M = -(-C // P)
@@ -306,7 +342,8 @@ def bench_metadata_build(dtype, C, P, N, D, threads, rng, rows, bounds_dtype="fl
     zero = np.zeros(1, np.int32)
     build = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=key, block_max=meta[0][0].numpy(),
                                                                      block_min=meta[0][1].numpy(), past_lens=zero),
-                                              dict(block_size=P)), threads=threads),
+                                              dict(block_size=P, **({"key_cache_type": "int8"} if int8 else {}))),
+                                 threads=threads),
                         {"block_max_out": "block_max", "block_min_out": "block_min"})
     run = _steps(build, Feeds(copies, lambda c: dict(key=keys[c], block_max=meta[c][0], block_min=meta[c][1], past_lens=zero)))
     ms = time_rotating(run, copies)
@@ -353,9 +390,22 @@ def summarize(rows, bandwidth):
             out[f"dense_speedup_vs_gqa{suffix}"] = round(gqa["ms"] / dense["ms"], 2)
         if gqa and gqa_int8:
             out[f"gqa_int8_speedup_vs_gqa{suffix}"] = round(gqa["ms"] / gqa_int8["ms"], 2)
-    build = row(kind="metadata_build", context=32768, dtype="float32", threads=1)
-    if build:
-        out["metadata_build_fraction_of_bandwidth"] = round(build["gb_per_s"] / bandwidth[1], 3)
+        # int8 caches: the default step against float16 caches and GroupQueryAttention's float32 and int8.
+        int8_step = row(kind="sparse_step", setting="default", **dict(at, dtype="int8"))
+        float16_step = row(kind="sparse_step", setting="default", **dict(at, dtype="float16"))
+        if int8_step and float16_step:
+            out[f"int8_step_speedup_vs_float16_step{suffix}"] = round(float16_step["ms"] / int8_step["ms"], 2)
+        for kind, baseline in (("gqa", gqa), ("gqa_int8", gqa_int8)):
+            if int8_step and baseline:
+                out[f"int8_step_speedup_vs_{kind}{suffix}"] = round(baseline["ms"] / int8_step["ms"], 1)
+        for kind in ("select", "sparse_attention"):
+            measured = row(kind=kind, setting="default", **dict(at, dtype="int8"))
+            if measured and "gb_per_s" in measured:
+                out[f"int8_{kind}_fraction_of_bandwidth{suffix}"] = round(measured["gb_per_s"] / bandwidth[threads], 3)
+    for dtype, prefix in (("float32", ""), ("int8", "int8_")):
+        build = row(kind="metadata_build", context=32768, dtype=dtype, threads=1)
+        if build:
+            out[f"{prefix}metadata_build_fraction_of_bandwidth"] = round(build["gb_per_s"] / bandwidth[1], 3)
     small = row(kind="metadata_update", heads="32/8/128", context=4096, dtype="float32", threads=1, setting="default")
     large = row(kind="metadata_update", heads="32/8/128", context=65536, dtype="float32", threads=1, setting="default")
     if small and large:
@@ -374,7 +424,7 @@ def plot(rows, bandwidth, path):
 
     default = SETTINGS[0]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    for dtype, style in (("float32", "-"), ("float16", "--")):
+    for dtype, style in (("float32", "-"), ("float16", "--"), ("int8", ":")):
         for kind, setting, color in (("sparse_step", "default", "tab:green"), ("dense", None, "tab:blue"),
                                      ("gqa", None, "tab:red"), ("gqa_int8", None, "tab:orange")):
             points = sorted((r["context"], r["ms"]) for r in rows if r["kind"] == kind and r["dtype"] == dtype
@@ -393,10 +443,11 @@ def plot(rows, bandwidth, path):
                      and r["context"] == 32768 and r["heads"] in ("32/8/128", "-/8/128")
                      and r.get("setting") in (None, "default")]
             values.append(found[0] if found else 0)
-        axes[1].bar(np.arange(len(kinds)) + 0.4 * offset, values, width=0.4, label=dtype)
+        width = 0.8 / len(DTYPES)
+        axes[1].bar(np.arange(len(kinds)) + width * offset, values, width=width, label=f"{dtype} caches")
     axes[1].axhline(bandwidth[1], color="black", linestyle=":", label=f"read bandwidth {bandwidth[1]:.0f} GB/s")
     axes[1].axhline(0.7 * bandwidth[1], color="gray", linestyle=":", label="70%")
-    axes[1].set_xticks(np.arange(len(kinds)) + 0.2, kinds, rotation=20)
+    axes[1].set_xticks(np.arange(len(kinds)) + 0.4 - 0.4 / len(DTYPES), kinds, rotation=20)
     axes[1].set(ylabel="GB/s on the bytes each must read", title="C=32K, 1 thread, default setting")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
@@ -420,7 +471,8 @@ def main(argv=None):
     default, reference = SETTINGS
     for dtype in DTYPES:
         for C in contexts:
-            bench_metadata_build(dtype, C, default.block_size, *HEADS[0][1:], 1, rng, rows, default.bounds_dtype or dtype)
+            bench_metadata_build(dtype, C, default.block_size, *HEADS[0][1:], 1, rng, rows,
+                                 default.bounds_dtype or ("float16" if dtype == "int8" else dtype))
     for H, N, D in heads:
         for C in (sorted(set(contexts) | {4096, 65536}) if not args.quick else (4096, 32768, 65536)):
             for dtype in DTYPES:

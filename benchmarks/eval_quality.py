@@ -16,6 +16,10 @@ QuestMetadata built) and is restored from a snapshot before each policy, which t
 tokens must equal the Generator's on every prompt (the run stops otherwise). A key counts where dense
 retrieves it; "lost" = dense retrieves it and the policy does not.
 
+KV cache types. The default export once more with float16 and with int8 KV caches (every other
+setting the default's), through the user's path: every pass-key prompt through
+`Generator(model).generate`, and both perplexity measures at the default budget.
+
 Perplexity over 8192 tokens of natural text: (a) every token sparse (teacher-forced with exact=False:
 each token selects its blocks, as a long generation's would); (b) continuation: the first 4096
 tokens prefilled exactly, the rest teacher-forced sparsely, scoring tokens 4096..8191. Dense: every
@@ -129,6 +133,7 @@ class Suite:
         from quest_ort.runtime.model import QuestModel
 
         self.name, self.family, self.capacity, self.threads, self.clock = name, family, capacity, threads, clock
+        self.source, self.reuse = source, reuse
         self.work = work / name
         self.settings = settings
         self.default_config = default = qr.Config(qr.Policy.of(settings), settings.top_k * settings.block_size)
@@ -340,6 +345,44 @@ def run_perplexity(suite: Suite, configs: list[qr.Config], tokens: int, continua
     return rows
 
 
+KV_DTYPES = ("float16", "int8")  # int8 caches against float16 ones, each otherwise the default export
+
+
+def run_cache_types(suite: Suite, prompts: list[Prompt], plan: Plan, clock: Clock) -> dict:
+    """The default export with each of KV_DTYPES: pass-key answers through the Generator (exact
+    prefill, sparse decode) and both perplexity measures at the default budget."""
+    from quest_ort.runtime.generate import Generator, Sampling
+    from quest_ort.runtime.model import QuestModel
+
+    ids = suite.tokenizer(natural_text(), add_special_tokens=False).input_ids[:plan.perplexity_tokens]
+    sampling = Sampling(max_new_tokens=ANSWER_TOKENS)
+    pass_key, perplexity = [], []
+    for dtype in KV_DTYPES:
+        begin = time.time()
+        folder = suite._export(suite.source, f"kv-{dtype}", dataclasses.replace(suite.settings, kv_dtype=dtype),
+                               suite.reuse)
+        model = QuestModel(folder, threads=suite.threads)
+        generator = Generator(model)
+        for prompt in prompts:
+            answer = generator.generate([prompt.ids], sampling)[0]
+            pass_key.append(dict(kv_dtype=dtype, length=prompt.length, depth=prompt.depth, key=prompt.key,
+                                 retrieved=prompt.key in suite.tokenizer.decode(answer)))
+        cache = model.new_cache(1, len(ids))
+        every, _ = qr.teacher_forced(model, cache, ids, 0, exact=False)
+        cache = model.new_cache(1, len(ids))
+        prompt_losses, last = qr.teacher_forced(model, cache, ids[:plan.continuation_from], 0, exact=True)
+        continued, _ = qr.teacher_forced(model, cache, ids, plan.continuation_from, exact=False)
+        first_target = qr.token_losses(last[None], np.array([ids[plan.continuation_from]]))
+        for measure, losses in (("every token sparse", every), ("continuation", np.concatenate([first_target, continued]))):
+            perplexity.append(dict(kv_dtype=dtype, measure=measure, perplexity=round(qr.perplexity(losses), 4)))
+        hits = sum(row["retrieved"] for row in pass_key if row["kv_dtype"] == dtype)
+        clock.log(f"{suite.name}: {dtype} caches: {hits} of {len(prompts)} keys, perplexity "
+                  f"{perplexity[-2]['perplexity']:.3f} every token sparse, {perplexity[-1]['perplexity']:.3f} "
+                  f"continuation ({time.time() - begin:.0f} s)")
+        clock.phase("cache types", time.time() - begin)
+    return dict(kv_dtypes=list(KV_DTYPES), pass_key=pass_key, perplexity=perplexity)
+
+
 def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:
     from quest_ort.export.rewrite import SparseSettings
     from quest_ort.export.weights import CHECKPOINTS, checkpoint
@@ -359,6 +402,7 @@ def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:
     started = time.time()
     perplexity = run_perplexity(suite, perplexity_configs, plan.perplexity_tokens, plan.continuation_from, clock)
     clock.phase("perplexity", time.time() - started)
+    cache_types = run_cache_types(suite, prompts, plan, clock)
     s = suite.sidecar
     return dict(
         model=shipped.title, family=shipped.family, layers=s.geometry.num_layers, heads=s.geometry.num_heads,
@@ -368,6 +412,7 @@ def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:
         perplexity_budgets=sorted({c.budget for c in perplexity_configs}), lengths=plan.lengths,
         depths=list(plan.depths), answer_tokens=ANSWER_TOKENS, perplexity_tokens=plan.perplexity_tokens,
         continuation_from=plan.continuation_from, checks=checks, pass_key=pass_key, perplexity=perplexity,
+        cache_types=cache_types,
         seconds=round(time.time() - begin), cpu_seconds=round(time.process_time() - cpu), phases=dict(clock.phases),
         threads=args.threads)
 

@@ -187,6 +187,29 @@ def summary(model) -> list[str]:
     return [f"- {line}" for line in lines] + [""]
 
 
+def cache_type_table(model) -> list[str]:
+    """The default export with float16 and int8 KV caches: keys retrieved per prompt length and
+    both perplexities, the int8 change against float16 in brackets."""
+    types = model.get("cache_types")
+    if not types:  # reports written before the comparison
+        return []
+    lengths = _lengths(model)
+    lines = ["| KV cache | " + " | ".join(f"keys at {_short_length(n)}" for n in lengths)
+             + " | " + " | ".join(f"perplexity, {m}" for m in MEASURES) + " |",
+             "|---" * (1 + len(lengths) + len(MEASURES)) + "|"]
+    baseline = {r["measure"]: r["perplexity"] for r in types["perplexity"] if r["kv_dtype"] == types["kv_dtypes"][0]}
+    for dtype in types["kv_dtypes"]:
+        rows = [r for r in types["pass_key"] if r["kv_dtype"] == dtype]
+        keys = [f"{sum(r['retrieved'] for r in rows if r['length'] == n)} of {sum(r['length'] == n for r in rows)}"
+                for n in lengths]
+        ppl = {r["measure"]: r["perplexity"] for r in types["perplexity"] if r["kv_dtype"] == dtype}
+        cells = [f"{ppl[m]:.3f} ({(ppl[m] / baseline[m] - 1) * 100:+.2f}%)" for m in MEASURES]
+        lines.append(f"| {dtype} | " + " | ".join(keys + cells) + " |")
+    return ["The default export with each KV cache type (every other setting the default's), through "
+            "`Generator(model).generate` and the perplexity measures at the default budget; in brackets the "
+            f"change against {types['kv_dtypes'][0]}:", ""] + lines + [""]
+
+
 def _model_header(model) -> list[str]:
     s, checks, phases = model["default_settings"], model["checks"], model["phases"]
     prompts = ", ".join(f"{count} per depth at {_short_length(n)}" for n, count in sorted(
@@ -211,6 +234,7 @@ def markdown(report) -> list[str]:
         lines += [f"### {model['model']}", ""] + _model_header(model) + summary(model)
         lines += ["#### Pass-key retrieval", ""] + prefill_table(model) + lost_table(model) + pass_key_tables(model)
         lines += recall_table(model) + ["#### Perplexity", ""] + perplexity_tables(model)
+        lines += (["#### KV cache types", ""] + cache_type_table(model)) if model.get("cache_types") else []
     lines += ["![pass key](quality_passkey.png)", "", "![perplexity](quality_perplexity.png)", "", END]
     return lines
 

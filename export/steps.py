@@ -92,8 +92,8 @@ def save_folder(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry
         resolve_cast_like(graph_only, value_types(staged / MODEL_FILE))
         onnx.save(graph_only, str(staged / MODEL_FILE))  # the data file stays as written
     check_model_path(staged / MODEL_FILE)
-    layers = [Sidecar.layer_io(layer, layer in counts["sparse_layers"], settings.importance)
-              for layer in range(geometry.num_layers)]
+    layers = [Sidecar.layer_io(layer, layer in counts["sparse_layers"], settings.importance,
+                               int8=settings.kv_dtype == "int8") for layer in range(geometry.num_layers)]
     sidecar = Sidecar(
         model_file=MODEL_FILE, family=family, source=source, geometry=geometry,
         # as exported: the cache and bound dtypes resolved, the dense layers those the model has

@@ -48,14 +48,16 @@ def op_model(
         graph_inputs.append(helper.make_tensor_value_info(tensor.name, elem_type(dtype), shape))
     while node_inputs and node_inputs[-1] == "":
         node_inputs.pop()
-    wanted = outputs if outputs is not None else tuple(t.name for t in spec.outputs if not t.optional)
+    given = {name for name, array in inputs.items() if array is not None}
+    wanted = outputs if outputs is not None else tuple(
+        t.name for t in spec.outputs if not t.optional or t.name.removesuffix("_out") in given)
     node_outputs, graph_outputs = [], []
     for tensor in spec.outputs:
         if tensor.name not in wanted:
             node_outputs.append("")
             continue
         node_outputs.append(tensor.name)
-        dtype = type_vars.get(tensor.elem, np.dtype(tensor.elem) if tensor.elem in ("int32", "float32") else None)
+        dtype = type_vars.get(tensor.elem, np.dtype(tensor.elem) if tensor.elem in ("int32", "float32", "float16") else None)
         graph_outputs.append(helper.make_tensor_value_info(tensor.name, elem_type(dtype), list(tensor.dims)))
     while node_outputs and node_outputs[-1] == "":
         node_outputs.pop()

@@ -1,8 +1,9 @@
 """The caches a model folder's graph reads and writes: their layout, and a typed per-layer view.
 
-Per layer: key and value [B, N, C, D] in the sidecar's kv_dtype; for a sparse layer also the block
-bounds block_max / block_min [B, N, ceil(C / P), D] in its bounds dtype and, when the layer tracks
-it, the accumulated block importance [B, N, ceil(C / P)] float32. Each cache is the graph input the
+Per layer: key and value [B, N, C, D] in the sidecar's kv_dtype (with int8 caches also their row
+scales key_scale / value_scale [B, N, C] float16); for a sparse layer also the block bounds
+block_max / block_min [B, N, ceil(C / P), D] in its bounds dtype and, when the layer tracks it,
+the accumulated block importance [B, N, ceil(C / P)] float32. Each cache is the graph input the
 sidecar's LayerIO names (its present output updates it in place).
 """
 
@@ -25,13 +26,16 @@ PAST_INPUTS = {role: f"past_{role}" for role in CACHE_ROLES}
 @dataclasses.dataclass(frozen=True)
 class LayerCaches(Generic[T]):
     """One layer's caches by role (arrays, specs, ...); the block caches are None where the layer
-    has none (a dense layer; a layer that does not track importance)."""
+    has none (a dense layer; a layer that does not track importance), the scales where the caches
+    are not int8."""
 
     key: T
     value: T
     block_max: T | None = None
     block_min: T | None = None
     block_importance: T | None = None
+    key_scale: T | None = None
+    value_scale: T | None = None
 
     def items(self) -> Iterator[tuple[str, T]]:
         """(role, cache) of every cache the layer has."""
@@ -63,8 +67,10 @@ def cache_layout(sidecar: Sidecar, batch: int, capacity: int) -> list[LayerCache
     heads, blocks = geometry.kv_num_heads, -(-capacity // settings.block_size)
     shapes = {"key": (batch, heads, capacity, geometry.head_dim), "value": (batch, heads, capacity, geometry.head_dim),
               "block_max": (batch, heads, blocks, geometry.head_dim), "block_min": (batch, heads, blocks, geometry.head_dim),
-              "block_importance": (batch, heads, blocks)}
+              "block_importance": (batch, heads, blocks), "key_scale": (batch, heads, capacity),
+              "value_scale": (batch, heads, capacity)}
     dtypes = {"key": settings.kv_dtype, "value": settings.kv_dtype, "block_max": sidecar.bounds_dtype,
-              "block_min": sidecar.bounds_dtype, "block_importance": "float32"}
+              "block_min": sidecar.bounds_dtype, "block_importance": "float32", "key_scale": "float16",
+              "value_scale": "float16"}
     return [LayerCaches(**{role: CacheSpec(name, shapes[role], np.dtype(dtypes[role]))
                            for role, name in input_names(io).items()}) for io in sidecar.layers]

@@ -39,7 +39,9 @@ def _slot(op_name: str, kind: str, name: str) -> int:
 # from the op schemas. GroupQueryAttention keeps its past and present caches at the same indices.
 _ATTENTION_SLOTS = {field: (kind, _slot("SparseBlockAttention", kind, name)) for field, kind, name in (
     ("past_key", "input", "key_cache"), ("past_value", "input", "value_cache"),
-    ("present_key", "output", "key_cache_out"), ("present_value", "output", "value_cache_out"))}
+    ("present_key", "output", "key_cache_out"), ("present_value", "output", "value_cache_out"),
+    ("past_key_scale", "input", "key_scale"), ("past_value_scale", "input", "value_scale"),
+    ("present_key_scale", "output", "key_scale_out"), ("present_value_scale", "output", "value_scale_out"))}
 _METADATA_SLOTS = {field: (kind, _slot("QuestMetadata", kind, name)) for field, kind, name in (
     ("past_block_max", "input", "block_max"), ("past_block_min", "input", "block_min"),
     ("present_block_max", "output", "block_max_out"), ("present_block_min", "output", "block_min_out"))}
@@ -54,7 +56,9 @@ _CACHE_SHAPING = ("num_heads", "kv_num_heads", "block_size")
 _CARRIERS = {"Identity": (0,), "Cast": (0,), "CastLike": (0,), "Slice": (0,), "ScatterElements": (0,),
              "ScatterND": (0,), "Reshape": (0,), "Unsqueeze": (0,), "Squeeze": (0,), "Expand": (0,),
              "Where": (1, 2), "Concat": None, "Add": None, "Max": None, "Min": None}  # None: every input
-_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
+# The element types a cache may have (lengths and token ids are integers of other widths).
+_CACHE_ELEMS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE,
+                onnx.TensorProto.INT8)
 
 
 @dataclasses.dataclass
@@ -201,7 +205,7 @@ class _Checker:
     # -- portable graphs: which past each present updates, traced through standard ops ------------
 
     def reached_caches(self, name: str) -> set[str]:
-        """The float graph inputs whose data reaches `name` through cache-carrying ops."""
+        """The cache graph inputs whose data reaches `name` through cache-carrying ops."""
         reached, stack, seen = set(), [name], set()
         while stack:
             name = stack.pop()
@@ -209,7 +213,7 @@ class _Checker:
                 continue
             seen.add(name)
             if name in self.inputs:
-                if self.inputs[name].elem in _FLOAT_TYPES:
+                if self.inputs[name].elem in _CACHE_ELEMS:
                     reached.add(name)
                 continue
             node = self.producer.get(name)
@@ -245,7 +249,9 @@ class _Checker:
         kinds = {"key": ("kv_dtype", s.settings.kv_dtype, cache), "value": ("kv_dtype", s.settings.kv_dtype, cache),
                  "block_max": ("bounds_dtype", s.bounds_dtype, bounds),
                  "block_min": ("bounds_dtype", s.bounds_dtype, bounds),
-                 "block_importance": ("the block importance type", "float32", bounds[:3])}
+                 "block_importance": ("the block importance type", "float32", bounds[:3]),
+                 "key_scale": ("the int8 caches' scale type", "float16", cache[:3]),
+                 "value_scale": ("the int8 caches' scale type", "float16", cache[:3])}
         for role, name in s.inputs.items():
             dtype, rank = _ROLES[role]
             yield "input", name, f"inputs.{role}", f"the element type of inputs.{role}", dtype, [None] * rank

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import pathlib
 
-from ..ops.schemas import FLOAT_TYPES, SPARSE_BLOCK_SELECT
+from ..ops.schemas import CACHE_TYPES, FLOAT_TYPES, SPARSE_BLOCK_SELECT
 from .settings import Geometry, SparseSettings
 
 SIDECAR_NAME = "quest_model.json"
@@ -24,7 +24,10 @@ class ModelFolderError(ValueError):
 
 
 # The caches of a layer, by role: LayerIO names each one's past input and present output.
-CACHE_ROLES = ("key", "value", "block_max", "block_min", "block_importance")
+CACHE_ROLES = ("key", "value", "block_max", "block_min", "block_importance", "key_scale", "value_scale")
+# The row scales of int8 key and value caches: named only in folders whose kv_dtype is int8 (and
+# left out of the JSON elsewhere, so float folders keep format 1's bytes).
+SCALE_FIELDS = ("past_key_scale", "past_value_scale", "present_key_scale", "present_value_scale")
 
 
 @dataclasses.dataclass
@@ -39,6 +42,10 @@ class LayerIO:
     present_block_min: str | None = None
     past_block_importance: str | None = None
     present_block_importance: str | None = None
+    past_key_scale: str | None = None
+    past_value_scale: str | None = None
+    present_key_scale: str | None = None
+    present_value_scale: str | None = None
 
     @property
     def sparse(self) -> bool:
@@ -99,7 +106,8 @@ class Sidecar:
         fields.update(dataclasses.asdict(self.geometry))
         fields.update({name: getattr(self.settings, name) for name in _SETTINGS_FIELDS})
         fields["dense_layers"] = list(self.settings.dense_layers)
-        fields["layers"] = [dataclasses.asdict(layer) for layer in self.layers]
+        fields["layers"] = [{name: value for name, value in dataclasses.asdict(layer).items()
+                             if value is not None or name not in SCALE_FIELDS} for layer in self.layers]
         return {key: fields[key] for key in _JSON_KEYS}
 
     def to_json(self) -> str:
@@ -148,8 +156,11 @@ class Sidecar:
         return cls(geometry=geometry, settings=settings, **data)
 
     @staticmethod
-    def layer_io(layer: int, sparse: bool, importance: bool = False) -> LayerIO:
+    def layer_io(layer: int, sparse: bool, importance: bool = False, int8: bool = False) -> LayerIO:
         io = LayerIO(f"past_key.{layer}", f"past_value.{layer}", f"present_key.{layer}", f"present_value.{layer}")
+        if int8:
+            for field in SCALE_FIELDS:
+                setattr(io, field, f"{field.replace('_scale', '')}_scale.{layer}")
         if sparse:
             io.past_block_max, io.past_block_min = f"past_block_max.{layer}", f"past_block_min.{layer}"
             io.present_block_max, io.present_block_min = f"present_block_max.{layer}", f"present_block_min.{layer}"
@@ -169,7 +180,7 @@ def tracks_importance(layers: list[LayerIO]) -> bool:
 _SELECT_FIELDS = ("num_heads", "kv_num_heads", "block_size", "top_k", "sink_blocks", "recent_blocks", "num_probes",
                   "group_reduce", "score", "importance_fraction")
 _POSITIVE_FIELDS = ("num_layers", "head_dim", "vocab_size", "capacity")
-_CHOICES = {"activation_dtype": FLOAT_TYPES, "kv_dtype": FLOAT_TYPES, "attention": ("quest", "gqa")}
+_CHOICES = {"activation_dtype": FLOAT_TYPES, "kv_dtype": CACHE_TYPES, "attention": ("quest", "gqa")}
 _STRING_FIELDS = ("model_file", "family", "source")
 _INPUT_ROLES, _OPTIONAL_INPUT_ROLES, _OUTPUT_ROLES = ("input_ids", "past_lens", "total_lens"), ("exact_lens",), ("logits",)
 
@@ -256,6 +267,10 @@ def _check_layers(data: dict, problem) -> None:
             raise problem(where, "must name all four block bound caches (past and present max and min) or none")
         if any(name is None for name in importance) != all(name is None for name in importance):
             raise problem(where, "must name both block importance caches (past and present) or neither")
+        scales = [getattr(io, field) for field in SCALE_FIELDS]
+        if any(name is None for name in scales) != (data["kv_dtype"] != "int8"):
+            raise problem(where, f"must name the four scale caches (past and present key and value) exactly when "
+                          f"kv_dtype is int8, got kv_dtype {data['kv_dtype']!r}")
         if importance[0] is not None and not io.sparse:
             raise problem(where, "has block importance caches but no block bounds: only sparse layers select")
         if io.sparse != (index in chosen["sparse_layers"]):

@@ -13,7 +13,7 @@ import onnx_ir as ir
 from ...model_folder.settings import Geometry, SparseSettings
 from ...ops.schemas import DOMAIN, INT32_MAX
 
-IR_TYPES = {"float32": ir.DataType.FLOAT, "float16": ir.DataType.FLOAT16}
+IR_TYPES = {"float32": ir.DataType.FLOAT, "float16": ir.DataType.FLOAT16, "int8": ir.DataType.INT8}
 
 
 def input_value(name: str, dtype: ir.DataType, shape: list) -> ir.Value:
@@ -35,7 +35,13 @@ class RewriteContext:
         self.batch_dim = batch_dim
         self.activation_type = IR_TYPES[geometry.activation_dtype]
         self.kv_dtype = IR_TYPES[settings.kv_dtype or geometry.activation_dtype]
+        self.int8 = self.kv_dtype == ir.DataType.INT8
         probe = settings.score == "probe"
+        if self.int8 and settings.attention == "gqa":
+            raise ValueError("kv_dtype 'int8' is the Quest ops' cache format; the GroupQueryAttention baseline "
+                             "(attention 'gqa') takes float caches here")
+        if self.int8 and probe:
+            raise ValueError("score='probe' reads a float key cache; with kv_dtype 'int8' select by the bound")
         if settings.bounds_dtype is None:
             self.bounds_dtype = self.kv_dtype if probe else ir.DataType.FLOAT16
         else:
@@ -58,6 +64,15 @@ class RewriteContext:
             if settings.importance:
                 self.block_importance[layer] = input_value(
                     f"past_block_importance.{layer}", ir.DataType.FLOAT, [batch_dim, N, "num_blocks"])
+        # int8 caches: each layer's row scales [B, N, C] float16, in and out.
+        self.key_scale: dict[int, ir.Value] = {}
+        self.value_scale: dict[int, ir.Value] = {}
+        self.scale_outputs: dict[int, tuple[ir.Value, ir.Value]] = {}
+        if self.int8:
+            for layer in range(geometry.num_layers):
+                for role, values in (("key", self.key_scale), ("value", self.value_scale)):
+                    values[layer] = input_value(f"past_{role}_scale.{layer}", ir.DataType.FLOAT16,
+                                                [batch_dim, N, "capacity"])
         self.rewritten: dict[int, str] = {}  # layer -> rule name
         self.cache_inputs: dict[int, int] = {}  # id(past key or value input) -> layer
         self.positions: ir.Value | None = None  # [B, S] int64 past_lens + i, for rules that apply RoPE
@@ -92,8 +107,9 @@ class RewriteContext:
         ```
         key --QuestMetadata(past_block_max.l, past_block_min.l)--> block_max', block_min'  (sparse)
         query --SparseBlockSelect(block_max', block_min', exact_lens)--> block_indices      (sparse)
-        query, key, value --SparseBlockAttention(key_cache, value_cache, [block_indices, exact_lens])
-                          --> output, key_cache_out, value_cache_out
+        query, key, value --SparseBlockAttention(key_cache, value_cache, [block_indices, exact_lens],
+                                                 [key_scale.l, value_scale.l])          (int8 caches)
+                          --> output, key_cache_out, value_cache_out, [key_scale', value_scale']
         ```
         """
         s, g = self.settings, self.geometry
@@ -103,9 +119,10 @@ class RewriteContext:
         indices = None
         importance = self.block_importance.get(layer)
         if self.is_sparse(layer):
+            key_cache_type = {"key_cache_type": "int8"} if self.int8 else {}
             block_max, block_min = op.QuestMetadata(
                 key, self.block_max[layer], self.block_min[layer], self.past_lens, self.total_lens,
-                block_size=s.block_size, _domain=DOMAIN, _outputs=2)
+                block_size=s.block_size, **key_cache_type, _domain=DOMAIN, _outputs=2)
             self.metadata_outputs[layer] = (block_max, block_min)
             select_attributes = dict(top_k=s.top_k, sink_blocks=s.sink_blocks, recent_blocks=s.recent_blocks,
                                      group_reduce=s.group_reduce, score=s.score, num_probes=s.num_probes)
@@ -115,11 +132,17 @@ class RewriteContext:
             indices = op.SparseBlockSelect(query, block_max, block_min, self.past_lens, self.total_lens, importance,
                                            *probe_inputs, self.exact_lens, **heads, **select_attributes,
                                            _domain=DOMAIN)
+        scales = (self.key_scale[layer], self.value_scale[layer]) if self.int8 else ()
         outputs = op.SparseBlockAttention(
             query, key, value, key_cache, value_cache, self.past_lens, indices, self.total_lens,
-            self.exact_lens if indices is not None else None,
-            **heads, scale=float(scale), softcap=float(softcap), _domain=DOMAIN, _outputs=4 if importance is not None else 3)
+            self.exact_lens if indices is not None else None, *scales,
+            **heads, scale=float(scale), softcap=float(softcap), _domain=DOMAIN,
+            _outputs=6 if scales else 4 if importance is not None else 3)
         output, key_out, value_out = outputs[:3]
+        if scales:
+            self.scale_outputs[layer] = (outputs[4], outputs[5])
+            if importance is None:
+                outputs[3].name = ""  # an absent optional output: the op then computes no importance
         if importance is not None:
             # The mass this call's queries gave each block joins what earlier calls gave it. A graph
             # output right away, so the rewriter's dead-code removal keeps it.

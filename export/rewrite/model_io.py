@@ -78,6 +78,11 @@ def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_val
     position_of = {value.name: i for i, value in enumerate(inputs)}
     after_ids = position_of.get("input_ids", -1) + 1
     new_inputs = [context.past_lens, context.total_lens] + ([context.exact_lens] if context.sparse_layers() else [])
+    for layer, (key_scale, value_scale) in context.scale_outputs.items():
+        new_inputs += [context.key_scale[layer], context.value_scale[layer]]
+        _retype(key_scale, f"present_key_scale.{layer}", ir.DataType.FLOAT16, cache_shape[:3])
+        _retype(value_scale, f"present_value_scale.{layer}", ir.DataType.FLOAT16, cache_shape[:3])
+        graph.outputs.extend([key_scale, value_scale])
     for layer in context.sparse_layers():
         new_inputs += [context.block_max[layer], context.block_min[layer]]
         block_max, block_min = context.metadata_outputs[layer]

@@ -36,7 +36,10 @@ def _rounded_up(op, x, like):
     return op.Where(op.Less(nearest, x), stepped, nearest)
 
 
-def quest_metadata_body(op, key, block_max, block_min, past_lens, total_lens=None, *, block_size: int):
+def quest_metadata_body(op, key, block_max, block_min, past_lens, total_lens=None, *, block_size: int,
+                        key_cache_type: str = "float"):
+    if key_cache_type != "float":
+        raise NotImplementedError("the QuestMetadata body bounds float caches only so far")
     pos, valid = positions(op, past_lens, total_lens, dim(op, key, 2))
     M = dim(op, block_max, 2)
     # Keys are rounded outward to the metadata dtype, as the kernels and the reference do.

@@ -31,6 +31,8 @@ def sparse_block_attention_body(
     block_indices=None,
     total_lens=None,
     exact_lens=None,
+    key_scale=None,
+    value_scale=None,
     *,
     num_heads: int,
     kv_num_heads: int,
@@ -39,6 +41,8 @@ def sparse_block_attention_body(
     softcap: float = 0.0,
     with_importance: bool = False,
 ):
+    if key_scale is not None or value_scale is not None:
+        raise NotImplementedError("the SparseBlockAttention body takes float caches only so far")
     G = num_heads // kv_num_heads
     C = dim(op, key_cache, 2)
     S = dim(op, query, 2)

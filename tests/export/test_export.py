@@ -157,12 +157,31 @@ def test_exact_prefill_matches_optimum_past_the_budget_and_decode_selects(family
             assert not np.allclose(logits, expected, rtol=1e-3, atol=1e-3), "a sparse prefill should differ"
 
 
+@pytest.mark.parametrize("kv_dtype", ["float16", "int8"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_float16_kv_stays_close_to_float32(family):
+def test_narrow_kv_stays_close_to_float32(family, kv_dtype):
+    """float16 and int8 caches (with their row scales) against the float32 optimum graph, on every
+    step of a greedy decode, and the same greedy tokens."""
     tiny = tiny_model(family)
-    model = QuestModel(quest_export(family, top_k=64, kv_dtype="float16"), threads=1)
-    assert model.sidecar.settings.kv_dtype == "float16"
-    _decode_against_optimum(model, tiny, _prompt(5), np.float16, "float16-KV")
+    model = QuestModel(quest_export(family, top_k=64, kv_dtype=kv_dtype), threads=1)
+    assert model.sidecar.settings.kv_dtype == kv_dtype
+    tokens, _, expected = _decode_against_optimum(model, tiny, _prompt(5), np.dtype(kv_dtype), f"{kv_dtype}-KV")
+    assert tokens == [int(np.argmax(x)) for x in expected]
+    cache = model.new_cache(1, capacity=64)
+    model.step(cache, np.array([_prompt(5)]))
+    for layer in cache.layers:
+        assert (layer.key_scale is not None) == (kv_dtype == "int8")
+        if kv_dtype == "int8":  # every written row has its scale, the rest still zero
+            assert (layer.key_scale[0, :, :PROMPT] > 0).all() and (layer.value_scale[0, :, PROMPT:] == 0).all()
+
+
+def test_int8_kv_refuses_what_it_cannot_serve():
+    """int8 caches are the Quest ops' format: the GroupQueryAttention baseline and the probe score
+    (which reads a float key cache) refuse them by name."""
+    with pytest.raises(ValueError, match="'gqa'"):
+        quest_export("qwen3", top_k=4, kv_dtype="int8", attention="gqa")
+    with pytest.raises(ValueError, match="probe"):
+        quest_export("qwen3", top_k=4, kv_dtype="int8", score="probe")
 
 
 def test_capacity_is_checked_before_anything_runs():

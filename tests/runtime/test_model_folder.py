@@ -86,9 +86,10 @@ def _layers(data):
 
 def test_every_export_kind_opens(tmp_path):
     """The checks accept what export-sparse writes: sparse with importance, probe scores, float16
-    caches, per-head selection, all-dense, the GroupQueryAttention baseline, portable."""
+    caches, int8 caches with their scales, per-head selection, all-dense, the GroupQueryAttention
+    baseline, portable."""
     for export in (QUEST, dict(top_k=4, score="probe"), dict(top_k=4, kv_dtype="float16", group_reduce="none"),
-                   dict(top_k=4, dense_layers=(0, 1, 2)), GQA):
+                   dict(top_k=4, kv_dtype="int8", group_reduce="none"), dict(top_k=4, dense_layers=(0, 1, 2)), GQA):
         QuestModel(quest_export("qwen3", **export), threads=1)
     QuestModel(_portable_export(), threads=1)
 
@@ -196,6 +197,26 @@ def test_crosswise_caches_are_refused_in_baseline_and_portable_graphs(tmp_path, 
     QuestModel(folder, threads=1)  # as exported: accepted
     _edit_sidecar(folder, lambda d: _swap(_layers(d), (1, "past_key"), (1, "past_value")))
     _refused(folder, SIDECAR, GRAPH, "layers[1].past_key", "'past_value.1'", "'past_key.1'")
+
+
+INT8 = dict(top_k=4, kv_dtype="int8")
+INT8_DISAGREEMENTS = [
+    ("key and value scales swapped", lambda d: _swap(_layers(d), (1, "past_key_scale"), (1, "past_value_scale")),
+     ["layers[1].past_key_scale", "'past_value_scale.1'", "'past_key_scale.1'"]),
+    ("scales swapped between layers", lambda d: _swap(_layers(d), (0, "present_key_scale"), (2, "present_key_scale")),
+     ["layers[0].present_key_scale", "'present_key_scale.2'", "'present_key_scale.0'"]),
+    ("float16 declared", lambda d: d.update(kv_dtype="float16"), ["layers[0]", "scale", "'float16'"]),
+    ("a scale left out", lambda d: _layers(d)[2].pop("past_value_scale"), ["layers[2]", "scale", "'int8'"]),
+]
+
+
+@pytest.mark.parametrize("label, edit, words", INT8_DISAGREEMENTS, ids=[case[0] for case in INT8_DISAGREEMENTS])
+def test_an_int8_folder_whose_scales_disagree_is_refused(tmp_path, label, edit, words):
+    """An int8 cache's row scales are caches too: named by role, in place, checked like the rest."""
+    folder = _folder(tmp_path, **INT8)
+    QuestModel(folder, threads=1)  # as exported: accepted
+    _edit_sidecar(folder, edit)
+    _refused(folder, SIDECAR, *words)
 
 
 def test_a_portable_graph_declared_native_is_refused(tmp_path):

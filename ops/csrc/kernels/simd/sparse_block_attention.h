@@ -117,6 +117,10 @@ RowStream<TC> listed_block_rows(const ItemCaches<TC>& cache, const int32_t* bloc
     const RowStream<TC> next = block_rows(cache, blocks[j + 1], P, p, D);
     rows.next_keys = next.keys;
     rows.next_count = next.count;
+    if (next.key_scales != nullptr) {  // an int8 block's scales: a line each, asked for a block ahead
+      __builtin_prefetch(next.key_scales, 0, 2);
+      __builtin_prefetch(next.value_scales, 0, 2);
+    }
   }
   return rows;
 }
