@@ -135,7 +135,7 @@ class Config:
         G = self.H // self.N
         shared = np.repeat(rng.standard_normal((1, self.N, 1, self.D)), G, axis=1)
         mine = rng.standard_normal((1, self.H, 1, self.D))
-        return (shared * np.sqrt(1.0 - own**2) + mine * own).astype(np.float32).astype(self.dtype)
+        return (shared * np.sqrt(1.0 - own**2) + mine * own).astype(np.float32).astype(self.activation)
 
     def metadata(self, P, rng, dtype=None):
         """Per-copy metadata [1, N, ceil(C/P), D] of random content (cold, like the caches), of

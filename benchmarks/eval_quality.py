@@ -133,7 +133,6 @@ class Suite:
         from quest_ort.runtime.model import QuestModel
 
         self.name, self.family, self.capacity, self.threads, self.clock = name, family, capacity, threads, clock
-        self.source, self.reuse = source, reuse
         self.work = work / name
         self.settings = settings
         self.default_config = default = qr.Config(qr.Policy.of(settings), settings.top_k * settings.block_size)
@@ -348,38 +347,52 @@ def run_perplexity(suite: Suite, configs: list[qr.Config], tokens: int, continua
 KV_DTYPES = ("float16", "int8")  # int8 caches against float16 ones, each otherwise the default export
 
 
-def run_cache_types(suite: Suite, prompts: list[Prompt], plan: Plan, clock: Clock) -> dict:
-    """The default export with each of KV_DTYPES: pass-key answers through the Generator (exact
-    prefill, sparse decode) and both perplexity measures at the default budget."""
+def run_cache_types(name: str, plan: Plan, args, clock: Clock, tokenizer=None) -> dict:
+    """The default export with each of KV_DTYPES: every pass-key prompt through the user's
+    Generator (exact prefill, sparse decode) and both perplexity measures at the default budget."""
+    from quest_ort.export.rewrite import SparseSettings
+    from quest_ort.export.weights import CHECKPOINTS, checkpoint
     from quest_ort.runtime.generate import Generator, Sampling
     from quest_ort.runtime.model import QuestModel
 
-    ids = suite.tokenizer(natural_text(), add_special_tokens=False).input_ids[:plan.perplexity_tokens]
+    shipped = CHECKPOINTS[name]
+    source = checkpoint(name, WEIGHTS)
+    capacity = max(max(plan.lengths), plan.perplexity_tokens) + 256
     sampling = Sampling(max_new_tokens=ANSWER_TOKENS)
     pass_key, perplexity = [], []
     for dtype in KV_DTYPES:
         begin = time.time()
-        folder = suite._export(suite.source, f"kv-{dtype}", dataclasses.replace(suite.settings, kv_dtype=dtype),
-                               suite.reuse)
-        model = QuestModel(folder, threads=suite.threads)
+        folder = WORK / name / f"kv-{dtype}"
+        if not (args.reuse_exports and (folder / "quest_model.json").is_file()):
+            from quest_ort.apps.pipeline import export_sparse
+
+            export_sparse(shipped.family, output=folder, settings=SparseSettings(top_k=32, kv_dtype=dtype),
+                          model=str(source), capacity=capacity, overwrite=True, log=lambda *a, **k: None)
+        model = QuestModel(folder, threads=args.threads)
+        if tokenizer is None:
+            import transformers
+
+            tokenizer = transformers.AutoTokenizer.from_pretrained(folder / "tokenizer")
         generator = Generator(model)
+        prompts = pass_key_prompts(tokenizer, plan.lengths, plan.depths)
         for prompt in prompts:
             answer = generator.generate([prompt.ids], sampling)[0]
             pass_key.append(dict(kv_dtype=dtype, length=prompt.length, depth=prompt.depth, key=prompt.key,
-                                 retrieved=prompt.key in suite.tokenizer.decode(answer)))
+                                 retrieved=prompt.key in tokenizer.decode(answer)))
+        ids = tokenizer(natural_text(), add_special_tokens=False).input_ids[:plan.perplexity_tokens]
+        every, _ = qr.teacher_forced(model, model.new_cache(1, len(ids)), ids, 0, exact=False)
         cache = model.new_cache(1, len(ids))
-        every, _ = qr.teacher_forced(model, cache, ids, 0, exact=False)
-        cache = model.new_cache(1, len(ids))
-        prompt_losses, last = qr.teacher_forced(model, cache, ids[:plan.continuation_from], 0, exact=True)
+        _, last = qr.teacher_forced(model, cache, ids[:plan.continuation_from], 0, exact=True)
         continued, _ = qr.teacher_forced(model, cache, ids, plan.continuation_from, exact=False)
         first_target = qr.token_losses(last[None], np.array([ids[plan.continuation_from]]))
         for measure, losses in (("every token sparse", every), ("continuation", np.concatenate([first_target, continued]))):
             perplexity.append(dict(kv_dtype=dtype, measure=measure, perplexity=round(qr.perplexity(losses), 4)))
         hits = sum(row["retrieved"] for row in pass_key if row["kv_dtype"] == dtype)
-        clock.log(f"{suite.name}: {dtype} caches: {hits} of {len(prompts)} keys, perplexity "
+        clock.log(f"{name}: {dtype} caches: {hits} of {len(prompts)} keys, perplexity "
                   f"{perplexity[-2]['perplexity']:.3f} every token sparse, {perplexity[-1]['perplexity']:.3f} "
                   f"continuation ({time.time() - begin:.0f} s)")
         clock.phase("cache types", time.time() - begin)
+        del model, generator
     return dict(kv_dtypes=list(KV_DTYPES), pass_key=pass_key, perplexity=perplexity)
 
 
@@ -402,7 +415,7 @@ def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:
     started = time.time()
     perplexity = run_perplexity(suite, perplexity_configs, plan.perplexity_tokens, plan.continuation_from, clock)
     clock.phase("perplexity", time.time() - started)
-    cache_types = run_cache_types(suite, prompts, plan, clock)
+    cache_types = run_cache_types(name, plan, args, clock, suite.tokenizer)
     s = suite.sidecar
     return dict(
         model=shipped.title, family=shipped.family, layers=s.geometry.num_layers, heads=s.geometry.num_heads,
@@ -439,6 +452,9 @@ def main(argv=None):
     parser.add_argument("--no-recall", action="store_true", help="skip the attention-mass recall (one step per policy)")
     parser.add_argument("--reuse-exports", action="store_true", help="reuse the exports under build/eval (development)")
     parser.add_argument("--output", type=pathlib.Path, default=None)
+    parser.add_argument("--only-cache-types", action="store_true",
+                        help="only the KV cache types' comparison (float16 against int8 caches), stored into the "
+                        "output's quality.json next to the rest")
     parser.add_argument("--report-only", action="store_true",
                         help="only write quality.md and the plots again from the output's quality.json")
     args = parser.parse_args(argv)
@@ -451,6 +467,13 @@ def main(argv=None):
     report.setdefault("models", {})
     for name in [] if args.report_only else names:
         clock.phases = {}
+        if args.only_cache_types:
+            if name not in report["models"]:
+                raise SystemExit(f"--only-cache-types adds to {path}'s {name} results, which it lacks: run the whole "
+                                 "evaluation first")
+            report["models"][name]["cache_types"] = run_cache_types(name, Plan.of(name, args), args, clock)
+            path.write_text(json.dumps(report, indent=1) + "\n")
+            continue
         report["models"][name] = evaluate(name, Plan.of(name, args), args, clock)
         # Each model's rows are written as soon as they exist: a later failure loses nothing.
         output.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 // QuestMetadata over 16-lane vectors: merge each valid key, rounded outward to the bounds' type, into its block.
 #pragma once
 
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -21,24 +22,49 @@ QUEST_INLINE Lanes bound_value(const Lanes& x) {
     return x.round_half_down();
 }
 
-// Merges key rows [0, count) (rounded to TC) into one block's max/min for `Chunks` chunks from d.
-// The running max/min stay in registers for the whole run and are stored once. The keys are one
-// sequential stream, which the hardware prefetchers follow best on their own: software prefetches
-// 16 rows ahead made the 32K build 25% slower on an AVX-512 EPYC (20 against 26 GB/s).
-template <int Chunks, typename T, typename TC>
-QUEST_INLINE void merge_run(const T* keys, int64_t count, int64_t D, int64_t d, bool starts_block, TC* hi, TC* lo) {
+// The scale of key row x as an int8 cache stores it (int8_rows.h quantize_row, bit for bit): 0 for
+// a row of zeros, NaN for a row that cannot be stored.
+template <typename T>
+QUEST_INLINE float int8_row_scale(const T* x, int64_t D) {
+  Lanes amax = Lanes::zero();
+  bool finite = true;
+  for (int64_t d = 0; d < D; d += kChunk) {
+    const Lanes v = load_row(x, d, D);
+    finite = finite && Lanes::all_at_least(v - v, Lanes::zero());  // x - x is NaN for NaN and infinities
+    amax = Lanes::max_select(amax, Lanes::max_select(v, Lanes::zero() - v));
+  }
+  const float scale = half_bits_to_float(finite ? float_to_half_bits(amax.fold_max() / 127.0f) : kNanScale);
+  return std::isfinite(scale) ? scale : canonical_nan();
+}
+
+// Lanes of a key row as its int8 row holds them: clamp(rint(x / scale), -127, 127) * scale, exact
+// (zeros for a zero scale, NaN for a NaN one).
+QUEST_INLINE Lanes int8_dequantized(const Lanes& x, float scale) {
+  if (scale == 0.0f) return Lanes::zero();
+  const Lanes s = Lanes::broadcast(scale), shift = Lanes::broadcast(kRoundingShift);
+  const Lanes rounded = (x / s + shift) - shift;
+  return Lanes::min_select(Lanes::max_select(rounded, Lanes::broadcast(-127.0f)), Lanes::broadcast(127.0f)) * s;
+}
+
+// Merges key rows [0, count) (rounded to TC) into one block's max/min for `Chunks` chunks from d;
+// key(t, d) gives row t's lanes at d, values of type TK. The running max/min stay in registers
+// for the whole run and are stored once. The keys are one sequential stream, which the hardware
+// prefetchers follow best on their own: software prefetches 16 rows ahead made the 32K build 25%
+// slower on an AVX-512 EPYC (20 against 26 GB/s).
+template <int Chunks, typename TK, typename TC, typename Key>
+QUEST_INLINE void merge_run(const Key& key, int64_t count, int64_t D, int64_t d, bool starts_block, TC* hi, TC* lo) {
   Lanes top[Chunks], bottom[Chunks];
   for (int c = 0; c < Chunks; ++c) {
-    const Lanes x = load_row(keys, d + c * kChunk, D);
-    const Lanes above = bound_value<true, T, TC>(x), below = bound_value<false, T, TC>(x);
+    const Lanes x = key(0, d + c * kChunk);
+    const Lanes above = bound_value<true, TK, TC>(x), below = bound_value<false, TK, TC>(x);
     top[c] = starts_block ? above : Lanes::max_select(load_row(hi, d + c * kChunk, D), above);
     bottom[c] = starts_block ? below : Lanes::min_select(load_row(lo, d + c * kChunk, D), below);
   }
   for (int64_t t = 1; t < count; ++t) {
     for (int c = 0; c < Chunks; ++c) {
-      const Lanes x = load_row(keys + t * D, d + c * kChunk, D);
-      top[c] = Lanes::max_select(top[c], bound_value<true, T, TC>(x));
-      bottom[c] = Lanes::min_select(bottom[c], bound_value<false, T, TC>(x));
+      const Lanes x = key(t, d + c * kChunk);
+      top[c] = Lanes::max_select(top[c], bound_value<true, TK, TC>(x));
+      bottom[c] = Lanes::min_select(bottom[c], bound_value<false, TK, TC>(x));
     }
   }
   for (int c = 0; c < Chunks; ++c) {
@@ -47,37 +73,43 @@ QUEST_INLINE void merge_run(const T* keys, int64_t count, int64_t D, int64_t d, 
   }
 }
 
-// Merges the item's key rows (row i at position past + i) into its blocks: runs of tokens that
-// share a block, merged in token order, as the scalar kernel does.
-template <typename T, typename TC>
-void merge_item(const QuestMetadataParams& prm, int64_t item, const T* key) {
-  constexpr int kChunks = Lanes::kMetadataChunks;
-  const int64_t D = prm.head_dim, M = prm.num_blocks, P = prm.block_size;
-  const int64_t b = item / prm.kv_heads;
-  TC* block_max = static_cast<TC*>(prm.block_max) + item * M * D;
-  TC* block_min = static_cast<TC*>(prm.block_min) + item * M * D;
-  const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
-  for (int64_t p = past; p < total;) {
-    const int64_t run_end = std::min(total, (p / P + 1) * P);
-    const T* keys = key + (p - past) * D;
-    TC* hi = block_max + (p / P) * D;
-    TC* lo = block_min + (p / P) * D;
-    const bool starts_block = p % P == 0;
-    int64_t d = 0;
-    for (; d + kChunks * kChunk <= D; d += kChunks * kChunk)
-      merge_run<kChunks>(keys, run_end - p, D, d, starts_block, hi, lo);
-    for (; d < D; d += kChunk) merge_run<1>(keys, run_end - p, D, d, starts_block, hi, lo);
-    p = run_end;
-  }
-}
-
+// Merges the item's valid keys (row i at position past + i) into its blocks: runs of tokens that
+// share a block, merged in token order, as the scalar kernel does. With int8_keys each row is
+// first taken as the int8 cache stores it (its scale once per row, then chunk by chunk).
 template <typename T, typename TC>
 void quest_metadata_items(const QuestMetadataParams& prm, int64_t begin, int64_t end) {
-  thread_local std::vector<float> scratch;
-  for (int64_t item = begin; item < end; ++item)
-    with_bounded_keys<T>(prm, item, scratch, [&](const auto* keys) {
-      merge_item<std::remove_cv_t<std::remove_pointer_t<decltype(keys)>>, TC>(prm, item, keys);
-    });
+  constexpr int kChunks = Lanes::kMetadataChunks;
+  thread_local std::vector<float> scales;
+  const int64_t S = prm.new_tokens, D = prm.head_dim, M = prm.num_blocks, P = prm.block_size;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t b = item / prm.kv_heads;
+    const T* key = static_cast<const T*>(prm.key) + item * S * D;
+    TC* block_max = static_cast<TC*>(prm.block_max) + item * M * D;
+    TC* block_min = static_cast<TC*>(prm.block_min) + item * M * D;
+    const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
+    for (int64_t p = past; p < total;) {
+      const int64_t run_end = std::min(total, (p / P + 1) * P), count = run_end - p;
+      const T* keys = key + (p - past) * D;
+      TC* hi = block_max + (p / P) * D;
+      TC* lo = block_min + (p / P) * D;
+      const bool starts_block = p % P == 0;
+      const auto merge = [&]<typename TK>(const auto& row_lanes) {
+        int64_t d = 0;
+        for (; d + kChunks * kChunk <= D; d += kChunks * kChunk)
+          merge_run<kChunks, TK>(row_lanes, count, D, d, starts_block, hi, lo);
+        for (; d < D; d += kChunk) merge_run<1, TK>(row_lanes, count, D, d, starts_block, hi, lo);
+      };
+      if (prm.int8_keys) {
+        scales.resize(static_cast<size_t>(count));
+        for (int64_t t = 0; t < count; ++t) scales[t] = int8_row_scale(keys + t * D, D);
+        merge.template operator()<float>(
+            [&](int64_t t, int64_t d) { return int8_dequantized(load_row(keys + t * D, d, D), scales[t]); });
+      } else {
+        merge.template operator()<T>([&](int64_t t, int64_t d) { return load_row(keys + t * D, d, D); });
+      }
+      p = run_end;
+    }
+  }
 }
 
 }  // namespace quest::QUEST_ISA
