@@ -25,7 +25,8 @@ inline constexpr float kRoundingShift = 12582912.0f;  // 1.5 * 2^23
 inline float round_to_integer(float x) { return (x + kRoundingShift) - kRoundingShift; }
 
 // Quantizes the row x[0..D) (converted to float32) into q[0..D) and returns its scale:
-// scale = float16(amax / 127) rounded to nearest even, q[d] = clamp(rint(x[d] / scale), -127, 127);
+// scale = float16(amax / 127) rounded to nearest even, q[d] = clamp(rint(x[d] * (1 / scale)), -127,
+// 127) (a multiply by the row's reciprocal: a division per element cost the metadata build 40%);
 // all q zero when the scale is 0 or not finite (then the NaN scale). q[d] * scale is exact in
 // float32 (7 bits times 11), so every implementation dequantizes to the same values.
 template <typename T>
@@ -44,8 +45,9 @@ inline Half quantize_row(const T* x, int64_t D, int8_t* q) {
     for (int64_t d = 0; d < D; ++d) q[d] = 0;
     return std::isfinite(s) ? scale : Half{kNanScale};
   }
+  const float reciprocal = 1.0f / s;
   for (int64_t d = 0; d < D; ++d) {
-    const float r = round_to_integer(to_float(x[d]) / s);
+    const float r = round_to_integer(to_float(x[d]) * reciprocal);
     q[d] = static_cast<int8_t>(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
   }
   return scale;

@@ -26,23 +26,23 @@ QUEST_INLINE Lanes bound_value(const Lanes& x) {
 // a row of zeros, NaN for a row that cannot be stored.
 template <typename T>
 QUEST_INLINE float int8_row_scale(const T* x, int64_t D) {
-  Lanes amax = Lanes::zero();
-  bool finite = true;
+  Lanes amax = Lanes::zero(), poison = Lanes::zero();
   for (int64_t d = 0; d < D; d += kChunk) {
     const Lanes v = load_row(x, d, D);
-    finite = finite && Lanes::all_at_least(v - v, Lanes::zero());  // x - x is NaN for NaN and infinities
+    poison = poison + (v - v);  // x - x is NaN for NaN and infinities, and the NaN stays
     amax = Lanes::max_select(amax, Lanes::max_select(v, Lanes::zero() - v));
   }
+  const bool finite = Lanes::all_at_least(poison, Lanes::zero());
   const float scale = half_bits_to_float(finite ? float_to_half_bits(amax.fold_max() / 127.0f) : kNanScale);
   return std::isfinite(scale) ? scale : canonical_nan();
 }
 
-// Lanes of a key row as its int8 row holds them: clamp(rint(x / scale), -127, 127) * scale, exact
-// (zeros for a zero scale, NaN for a NaN one).
+// Lanes of a key row as its int8 row holds them: clamp(rint(x * (1 / scale)), -127, 127) * scale,
+// exact (zeros for a zero scale, NaN for a NaN one).
 QUEST_INLINE Lanes int8_dequantized(const Lanes& x, float scale) {
   if (scale == 0.0f) return Lanes::zero();
   const Lanes s = Lanes::broadcast(scale), shift = Lanes::broadcast(kRoundingShift);
-  const Lanes rounded = (x / s + shift) - shift;
+  const Lanes rounded = (x * Lanes::broadcast(1.0f / scale) + shift) - shift;
   return Lanes::min_select(Lanes::max_select(rounded, Lanes::broadcast(-127.0f)), Lanes::broadcast(127.0f)) * s;
 }
 
