@@ -12,8 +12,12 @@ import onnx_ir as ir
 from ...ops.reference._common import LANES
 
 F32 = ir.DataType.FLOAT
+F16 = ir.DataType.FLOAT16
 F64 = ir.DataType.DOUBLE
 I64 = ir.DataType.INT64
+I8 = ir.DataType.INT8
+# The scale of an int8 cache row that cannot be stored: the positive quiet float16 NaN.
+NAN_SCALE = np.array(0x7E00, np.uint16).view(np.float16)
 
 
 def const(op, value, dtype) -> ir.Value:
@@ -107,3 +111,35 @@ def write_tokens(op, cache, new_tokens, pos, valid) -> ir.Value:
     extended = op.Concat(cache, op.CastLike(dummy, cache), axis=2)
     written = op.ScatterElements(extended, write_at, op.CastLike(new_tokens, cache), axis=2)
     return op.Slice(written, ints(op, 0), C, ints(op, 2))
+
+
+def quantize_rows(op, x):
+    """(q int8 [..., D], scale float16 [..., 1]) of rows x [..., D], as an int8 cache stores them
+    (docs/ops.md, int8 caches; ops/reference/int8_rows.py).
+
+    ```
+    x -Cast(f32)-Abs-ReduceMax(D)-Div(127)-Cast(f16)-> scale      (NaN when the row or scale is not finite)
+    x -Mul(1 / scale, or 1 where unusable)-Round-Clip(-127, 127)-Where(usable, ., 0)-Cast(int8)-> q
+    ```
+    Cast rounds float32 to float16 to nearest even and Round halves to even, one IEEE operation
+    each as the float32 Div and Mul, so the bits are the kernels'. (Non-finite as x - x != 0, as
+    the attention body tests it.)
+    """
+    wide = op.Cast(x, to=F32)
+    zero, one = const(op, 0.0, np.float32), const(op, 1.0, np.float32)
+    finite = op.Equal(op.Sub(wide, wide), zero)
+    row_finite = op.Greater(op.ReduceMin(op.Cast(finite, to=F32), ints(op, -1), keepdims=1), zero)  # [..., 1]
+    amax = op.ReduceMax(op.Abs(wide), ints(op, -1), keepdims=1)  # (what a non-finite row gives is not used)
+    scale = op.Cast(op.Div(amax, const(op, 127.0, np.float32)), to=F16)
+    wide_scale = op.Cast(scale, to=F32)
+    stored = op.And(row_finite, op.Equal(op.Sub(wide_scale, wide_scale), zero))  # past 127 * 65504 it is inf
+    usable = op.And(stored, op.Not(op.Equal(wide_scale, zero)))
+    reciprocal = op.Div(one, op.Where(usable, wide_scale, one))  # one division per row, as the contract
+    rounded = op.Round(op.Mul(wide, reciprocal))
+    q = op.Where(usable, op.Clip(rounded, const(op, -127.0, np.float32), const(op, 127.0, np.float32)), zero)
+    return op.Cast(q, to=I8), op.Where(stored, scale, const(op, NAN_SCALE, np.float16))
+
+
+def dequantize_rows(op, q, scale) -> ir.Value:
+    """q [..., D] * scale [..., 1] in float32: exact (7 bits times 11); a NaN scale, a NaN row."""
+    return op.Mul(op.Cast(q, to=F32), op.Cast(scale, to=F32))

@@ -5,7 +5,8 @@ key --Cast(f32)--outward(TC): up / down--Where(valid, x, -inf/+inf)--.
 block_max --Cast(f32)--Where(block starts in this call, -inf, .)--ScatterElements(axis=2, max)--Cast(TC)
 block_min --Cast(f32)--Where(block starts in this call, +inf, .)--ScatterElements(axis=2, min)--Cast(TC)
 ```
-A block whose first token arrives in this call restarts from -inf/+inf, so scattering its keys
+With key_cache_type 'int8' the keys are first quantized and dequantized (exactly) as the int8
+cache stores them, so the bounds hold what the attention reads. A block whose first token arrives in this call restarts from -inf/+inf, so scattering its keys
 with max/min sets it; invalid tokens carry the neutral value and change nothing. Two differences
 from the kernels, neither of which can change a selection: a -0 key is stored as +0, and NaN keys
 may merge differently (the kernels' max is `a > b ? a : b`).
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._building import F32, I64, const, dim, ints, positions
+from ._building import F32, I64, const, dequantize_rows, dim, ints, positions, quantize_rows
 
 
 def _rounded_up(op, x, like):
@@ -38,12 +39,15 @@ def _rounded_up(op, x, like):
 
 def quest_metadata_body(op, key, block_max, block_min, past_lens, total_lens=None, *, block_size: int,
                         key_cache_type: str = "float"):
-    if key_cache_type != "float":
-        raise NotImplementedError("the QuestMetadata body bounds float caches only so far")
     pos, valid = positions(op, past_lens, total_lens, dim(op, key, 2))
     M = dim(op, block_max, 2)
     # Keys are rounded outward to the metadata dtype, as the kernels and the reference do.
-    wide = op.Cast(key, to=F32)
+    if key_cache_type == "int8":
+        wide = dequantize_rows(op, *quantize_rows(op, key))
+    elif key_cache_type == "float":
+        wide = op.Cast(key, to=F32)
+    else:
+        raise ValueError(f"QuestMetadata: key_cache_type must be 'float' or 'int8', got {key_cache_type!r}")
     valid_bnsd = op.Unsqueeze(valid, ints(op, 1, 3))
     inf = const(op, np.inf, np.float32)
     keys_for_max = op.Where(valid_bnsd, _rounded_up(op, wide, block_max), op.Neg(inf))

@@ -9,7 +9,12 @@ probabilities -(NaN rows)-MatMul(V, non-finite as 0)-(NaN where attended V non-f
 probabilities -ReduceSum(G, S)-Pad(M*min(P,C))-Reshape[B,N,M,min(P,C)]-ReduceSum-> block_importance
 ```
 Invalid tokens write into the dummy row C, which is sliced away; queries with nothing to attend
-output zeros.
+output zeros. With int8 caches (key_scale and value_scale given) each new row is quantized
+(_building.quantize_rows), its int8 values and float16 scale scattered alike, and the attention
+reads the caches dequantized, q * scale, exact in float32:
+```
+key -quantize_rows-> (q, scale) -ScatterElements-> key_cache_out, key_scale_out -Mul-> K (float32)
+```
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ._building import F32, I64, const, dim, ints, positions, write_tokens
+from ._building import F32, I64, const, dequantize_rows, dim, ints, positions, quantize_rows, write_tokens
 
 
 def sparse_block_attention_body(
@@ -41,19 +46,26 @@ def sparse_block_attention_body(
     softcap: float = 0.0,
     with_importance: bool = False,
 ):
-    if key_scale is not None or value_scale is not None:
-        raise NotImplementedError("the SparseBlockAttention body takes float caches only so far")
     G = num_heads // kv_num_heads
     C = dim(op, key_cache, 2)
     S = dim(op, query, 2)
     pos, valid = positions(op, past_lens, total_lens, S)
-    key_cache_out = write_tokens(op, key_cache, key, pos, valid)
-    value_cache_out = write_tokens(op, value_cache, value, pos, valid)
+    if (key_scale is None) != (value_scale is None):
+        raise ValueError("SparseBlockAttention: key_scale and value_scale come together (int8 caches)")
+    if key_scale is None:
+        key_cache_out = write_tokens(op, key_cache, key, pos, valid)
+        value_cache_out = write_tokens(op, value_cache, value, pos, valid)
+        k, v = op.Cast(key_cache_out, to=F32), op.Cast(value_cache_out, to=F32)
+        scale_outputs = []
+    else:
+        key_cache_out, key_scale_out, k = _write_int8_rows(op, key_cache, key_scale, key, pos, valid)
+        value_cache_out, value_scale_out, v = _write_int8_rows(op, value_cache, value_scale, value, pos, valid)
+        scale_outputs = [key_scale_out, value_scale_out]
 
     shape_q = op.Concat(dim(op, query, 0), ints(op, kv_num_heads, G), op.Shape(query, start=2), axis=0)
     q = op.Reshape(op.Cast(query, to=F32), shape_q)  # [B, N, G, S, D]
-    k = op.Unsqueeze(op.Cast(key_cache_out, to=F32), ints(op, 2))  # [B, N, 1, C, D]
-    v = op.Unsqueeze(op.Cast(value_cache_out, to=F32), ints(op, 2))
+    k = op.Unsqueeze(k, ints(op, 2))  # [B, N, 1, C, D]
+    v = op.Unsqueeze(v, ints(op, 2))
     if scale == 0.0:
         scale_value = op.Div(const(op, 1.0, np.float32), op.Sqrt(op.Cast(dim(op, query, 3), to=F32)))
     else:
@@ -107,7 +119,9 @@ def sparse_block_attention_body(
     merged = op.Reshape(op.Transpose(attended, perm=[0, 3, 1, 2, 4]), op.Concat(op.Shape(query, end=1), S, ints(op, -1), axis=0))
     output = op.CastLike(merged, query)
     outputs = [output, key_cache_out, value_cache_out]
-    if with_importance:
+    # The scale outputs follow block_importance, and a function's outputs have no gaps: an int8
+    # body computes the importance too (a node that leaves it out never reads it).
+    if with_importance or scale_outputs:
         per_row = op.ReduceSum(probabilities, ints(op, 2, 3), keepdims=0)  # [B, N, C]
         # A block longer than the cache is the whole cache (M = 1): rows of min(P, C) positions then
         # make the same blocks, and the padding stays below C (P = 2^31 - 1 would pad to 8 GB).
@@ -116,7 +130,17 @@ def sparse_block_attention_body(
         padded = op.Pad(per_row, op.Concat(ints(op, 0, 0, 0, 0, 0), padding, axis=0))
         blocks = op.Reshape(padded, op.Concat(op.Shape(per_row, end=2), num_blocks, rows_per_block, axis=0))
         outputs.append(op.ReduceSum(blocks, ints(op, -1), keepdims=0))
-    return tuple(outputs)
+    return tuple(outputs + scale_outputs)
+
+
+def _write_int8_rows(op, cache, scales, new_rows, pos, valid):
+    """(cache_out, scales_out, the cache dequantized [B, N, C, D] float32) after quantizing
+    new_rows [B, N, S, D] and writing them and their scales at pos."""
+    q, scale = quantize_rows(op, new_rows)  # [B, N, S, D] int8, [B, N, S, 1] float16
+    cache_out = write_tokens(op, cache, q, pos, valid)
+    # The scales as rows of one value: [B, N, C, 1], written as the cache rows are.
+    scales_out = op.Squeeze(write_tokens(op, op.Unsqueeze(scales, ints(op, 3)), scale, pos, valid), ints(op, 3))
+    return cache_out, scales_out, dequantize_rows(op, cache_out, op.Unsqueeze(scales_out, ints(op, 3)))
 
 
 def _any_attended(op, mask, flags):
