@@ -16,22 +16,32 @@ OUTPUTS = {
     "SparseBlockSelect": ("block_indices",),
     "SparseBlockAttention": ("output", "key_cache_out", "value_cache_out", "block_importance"),
 }
+SCALE_OUTPUTS = ("key_scale_out", "value_scale_out")  # SparseBlockAttention's, with int8 caches only
+
+
+def outputs_of(op_name: str, inputs: dict) -> tuple[str, ...]:
+    """The outputs of a call, in the reference's order: OUTPUTS, and the scales with int8 caches."""
+    return OUTPUTS[op_name] + (SCALE_OUTPUTS if inputs.get("key_scale") is not None else ())
 
 
 def write_case(directory: pathlib.Path, op_name, inputs, attributes, case, total_lens, **extra):
-    """case.txt and <input>.bin; capacity and block count come from the arrays when present."""
+    """case.txt and <input>.bin; capacity and block count come from the arrays when present. TC is
+    the dtype of the call's own storage: the caches of SparseBlockAttention (int8 too), else the
+    block bounds."""
     H, N = case.heads
+    storage = inputs["key_cache"] if op_name == "SparseBlockAttention" else inputs["block_max"]
     capacity = inputs["key_cache"].shape[2] if inputs.get("key_cache") is not None else case.capacity()
     indices = inputs.get("block_indices")
     rows = indices.shape[1] if indices is not None else (H if case.reduce == "none" else N)  # R of block_indices
-    fields = dict(op=op_name, T=case.dtypes[0], TC=case.dtypes[1], B=case.batch, H=H, N=N, R=rows, S=case.new_tokens,
+    fields = dict(op=op_name, T=case.dtypes[0], TC=storage.dtype.name, B=case.batch, H=H, N=N, R=rows, S=case.new_tokens,
                   D=case.head_dim, M=case.num_blocks(), C=capacity, P=case.block_size,
                   K=0 if inputs.get("block_indices") is None and op_name == "SparseBlockAttention" else case.k(),
                   sink_blocks=case.sink, recent_blocks=case.recent, group_reduce=case.reduce,
                   importance_fraction=attributes.get("importance_fraction", 0.0),
                   with_importance=int(inputs.get("block_importance") is not None),
                   with_exact=int(inputs.get("exact_lens") is not None), scale=0.0, softcap=0.0,
-                  score=case.score, num_probes=case.num_probes, **extra)
+                  score=case.score, num_probes=case.num_probes,
+                  key_cache_type=attributes.get("key_cache_type", "float"), **extra)
     if op_name == "SparseBlockAttention":
         fields["scale"] = float(np.float32(1.0) / np.sqrt(np.float32(case.head_dim)))
     directory.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,7 @@ void run_metadata(const Case& c, const std::string& variant, Run&& run) {
   p.past_lens = reinterpret_cast<const int32_t*>(past.data());
   p.total_lens = reinterpret_cast<const int32_t*>(total.data());
   p.key_type = T, p.cache_type = TC, p.key = key.data(), p.block_max = block_max.data(), p.block_min = block_min.data();
+  p.int8_keys = c.has("key_cache_type") && c.text("key_cache_type") == "int8";
   run(p);
   c.write(variant, "block_max_out", block_max.data(), block_max.size());
   c.write(variant, "block_min_out", block_min.data(), block_min.size());
@@ -94,6 +95,12 @@ void run_attention(const Case& c, const std::string& variant, Run&& run) {
   auto key_cache = c.read("key_cache", bytes_of(TC, B * N * C * D));
   auto value_cache = c.read("value_cache", bytes_of(TC, B * N * C * D));
   auto past = c.read("past_lens", 4 * B), total = c.read("total_lens", 4 * B);
+  // int8 caches: each row's float16 scale, key_scale.bin / value_scale.bin [B, N, C], updated in place.
+  std::vector<char> key_scale, value_scale;
+  if (TC == DType::I8) {
+    key_scale = c.read("key_scale", bytes_of(DType::F16, B * N * C));
+    value_scale = c.read("value_scale", bytes_of(DType::F16, B * N * C));
+  }
   std::vector<char> indices;
   const int64_t R = c.integer("R");  // rows of block_indices: N, or H when per query head
   if (K > 0) indices = c.read("block_indices", 4 * B * R * S * K);
@@ -111,12 +118,20 @@ void run_attention(const Case& c, const std::string& variant, Run&& run) {
   p.per_head_indices = !indices.empty() && R != N;
   p.activation_type = T, p.cache_type = TC, p.query = query.data(), p.key = key.data(), p.value = value.data();
   p.key_cache = key_cache.data(), p.value_cache = value_cache.data(), p.output = output.data();
+  if (TC == DType::I8) {
+    p.key_scale = reinterpret_cast<Half*>(key_scale.data());
+    p.value_scale = reinterpret_cast<Half*>(value_scale.data());
+  }
   p.block_importance = importance.data();
   run(p);
   c.write(variant, "output", output.data(), output.size());
   c.write(variant, "key_cache_out", key_cache.data(), key_cache.size());
   c.write(variant, "value_cache_out", value_cache.data(), value_cache.size());
   c.write(variant, "block_importance", importance.data(), importance.size() * 4);
+  if (TC == DType::I8) {
+    c.write(variant, "key_scale_out", key_scale.data(), key_scale.size());
+    c.write(variant, "value_scale_out", value_scale.data(), value_scale.size());
+  }
 }
 
 }  // namespace quest::tools

@@ -45,6 +45,10 @@ int main(int argc, char** argv) {
     if (c.has("npu_candidate_ub_divisor")) npu.candidate_ub_divisor = c.integer("npu_candidate_ub_divisor");
     const std::string op = c.text("op");
     if (op == "QuestMetadata") {
+      // As the CANN QuestMetadata kernel (cann/ort/cann_ops.cc): its bounds are of the keys as given.
+      if (c.has("key_cache_type") && c.text("key_cache_type") != "float")
+        return unsupported("key_cache_type '" + c.text("key_cache_type") +
+                           "' is not supported on CANN: its kernels take float caches only");
       cann::MetadataShape shape{c.integer("B"), c.integer("N"), c.integer("S"), c.integer("D"), c.integer("M"),
                                 c.integer("P"), elem(c.dtype("T")), elem(c.dtype("TC"))};
       const auto planned = cann::plan_metadata(shape, npu);
@@ -69,6 +73,8 @@ int main(int argc, char** argv) {
                   static_cast<long long>(planned.plan.blocks_per_chunk), planned.plan.candidates_in_ub ? 1 : 0,
                   static_cast<long long>(planned.plan.ub_used));
     } else if (op == "SparseBlockAttention") {
+      // int8 caches have no NPU kernel (only float16 caches are registered there): the CPU op runs them.
+      if (c.dtype("TC") == quest::DType::I8) return unsupported("int8 caches have no NPU kernel: the CPU op runs them");
       cann::AttentionShape shape{c.integer("B"), c.integer("H"), c.integer("N"), c.integer("S"), c.integer("D"),
                                  c.integer("C"), c.integer("P"), c.integer("K"), elem(c.dtype("T")),
                                  elem(c.dtype("TC")), c.real("softcap"), c.has("wants_importance") && c.integer("wants_importance"),

@@ -28,7 +28,13 @@ struct Case {
   int64_t integer(const std::string& key) const { return std::stoll(text(key)); }
   float real(const std::string& key) const { return std::stof(text(key)); }
   bool has(const std::string& key) const { return fields.count(key) != 0; }
-  DType dtype(const std::string& key) const { return text(key) == "float16" ? DType::F16 : DType::F32; }
+  DType dtype(const std::string& key) const {
+    const std::string& name = text(key);
+    if (name == "float32") return DType::F32;
+    if (name == "float16") return DType::F16;
+    if (name == "int8") return DType::I8;
+    throw std::runtime_error(key + " is " + name + ": expected float32, float16 or int8");
+  }
 
   std::vector<char> read(const std::string& name, size_t bytes) const {
     std::ifstream in(dir + "/" + name + ".bin", std::ios::binary);
@@ -56,6 +62,8 @@ inline Case load_case(const std::string& dir) {
   return c;
 }
 
-inline size_t bytes_of(DType dtype, int64_t count) { return static_cast<size_t>(count) * (dtype == DType::F32 ? 4 : 2); }
+inline size_t bytes_of(DType dtype, int64_t count) {
+  return static_cast<size_t>(count) * (dtype == DType::F32 ? 4 : dtype == DType::F16 ? 2 : 1);
+}
 
 }  // namespace quest::tools
