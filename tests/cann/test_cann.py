@@ -31,6 +31,8 @@ EMULATOR = pathlib.Path(os.environ.get("QUEST_ORT_CANN_EMULATOR", REPO / "build"
 # candidates in the GM workspace).
 NPUS = {"910B": (48, 192 * 1024), "40-cores": (40, 192 * 1024), "1-core-16KB": (1, 16 * 1024)}
 BOUND_CASES = [case for case in CASES if case.score == "bound"]
+# The NPU kernels take float caches only: next to int8 caches QuestMetadata is refused (tested below).
+METADATA_CASES = [case for case in BOUND_CASES if not case.int8]
 # The selections the NPU kernel implements: the bound score, one selection per KV head.
 NPU_SELECT_CASES = [case for case in BOUND_CASES if case.reduce != "none"]
 
@@ -66,7 +68,7 @@ def _emulated_plan(directory, op_name, case, npu, inputs_of=None, **overrides):
 
 
 @pytest.mark.parametrize("npu", list(NPUS))
-@pytest.mark.parametrize("case", BOUND_CASES, ids=lambda case: case.id)
+@pytest.mark.parametrize("case", METADATA_CASES, ids=lambda case: case.id)
 def test_metadata_plan_matches_the_reference(case, npu, tmp_path):
     _, inputs, expected = _emulated_plan(tmp_path, "QuestMetadata", case, npu)
     for name, want in zip(OUTPUTS["QuestMetadata"], expected):
@@ -84,7 +86,8 @@ def test_select_plan_matches_the_reference(case, npu, tmp_path):
 
 
 @pytest.mark.parametrize("op_name", ["QuestMetadata", "SparseBlockSelect"])
-@pytest.mark.parametrize("case", [c for c in NPU_SELECT_CASES if c.ranks_blocks()][:4], ids=lambda case: case.id)
+@pytest.mark.parametrize("case", [c for c in NPU_SELECT_CASES if c.ranks_blocks() and not c.int8][:4],
+                         ids=lambda case: case.id)
 def test_plans_on_non_finite_numbers_match_the_reference(case, op_name, tmp_path):
     """NaN of either sign, infinities, subnormals and float16 overflow (docs/ops.md, non-finite
     numbers): the emulated NPU kernels' bounds and selections equal the reference bit for bit."""
@@ -159,6 +162,19 @@ def test_selections_without_an_npu_kernel_say_so(policy, words, tmp_path):
     inputs, attributes, _ = reference_outputs("SparseBlockSelect", case)
     run = _emulate(tmp_path, "SparseBlockSelect", inputs, attributes, case, "910B")
     assert run.returncode == 3 and words in run.stdout and "function-body export" in run.stdout
+
+
+@pytest.mark.parametrize("op_name, words", [
+    ("QuestMetadata", "key_cache_type 'int8' is not supported on CANN"),
+    ("SparseBlockAttention", "int8 caches have no NPU kernel"),
+])
+def test_int8_caches_have_no_npu_kernel_and_say_so(op_name, words, tmp_path):
+    """As the CANN op library: its QuestMetadata refuses key_cache_type 'int8', and int8 attention
+    is left to the CPU op (docs/ops.md, int8 caches)."""
+    case = next(case for case in CASES if case.int8)
+    inputs, attributes, _ = reference_outputs(op_name, case)
+    run = _emulate(tmp_path, op_name, inputs, attributes, case, "910B")
+    assert run.returncode == 3 and words in run.stdout, run.stdout + run.stderr
 
 
 def test_attention_with_a_block_list_per_query_head_has_no_npu_kernel_and_says_so(tmp_path):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from support.cases import CALLS, CASES, LONG_CASES, with_specials
-from support.driver_cases import OUTPUTS, read_output, total_lens, write_case
+from support.driver_cases import outputs_of, read_output, total_lens, write_case
 from support.driver_cases import expected as reference_outputs
 from support.tolerances import assert_close, assert_equal, assert_used_blocks_equal
 
@@ -80,8 +80,8 @@ def _check_variants(machine, op_name, case, inputs, attributes, expected, tmp_pa
         from quest_ort.ops import native_supported_isas
 
         assert set(native_supported_isas()) <= set(variants)
-    names = OUTPUTS[op_name]
-    scalar = {name: read_output(tmp_path, "scalar", name, like) for name, like in zip(names, expected)}
+    names = outputs_of(op_name, inputs)
+    scalar = {name: read_output(tmp_path, "scalar", name, like) for name, like in zip(names, expected, strict=True)}
     for variant in variants:
         for name, like in zip(names, expected):
             assert_equal(read_output(tmp_path, variant, name, like), scalar[name], f"{variant} {name} vs scalar")
@@ -91,11 +91,12 @@ def _check_variants(machine, op_name, case, inputs, attributes, expected, tmp_pa
             assert_used_blocks_equal(scalar[name], want, total, case.block_size, name)
     elif op_name == "SparseBlockSelect":
         assert_equal(scalar["block_indices"], expected[0], "block_indices")
-    else:
-        assert_close(scalar["output"], expected[0], np.dtype(case.dtypes[0]), "output")
-        assert_equal(scalar["key_cache_out"], expected[1], "key_cache_out")
-        assert_equal(scalar["value_cache_out"], expected[2], "value_cache_out")
-        assert_close(scalar["block_importance"], expected[3], np.float32, "block_importance")
+    else:  # caches (and int8 caches' scales) bit for bit
+        want = dict(zip(names, expected))
+        assert_close(scalar["output"], want["output"], np.dtype(case.dtypes[0]), "output")
+        for name in names[1:3] + names[4:]:
+            assert_equal(scalar[name], want[name], name)
+        assert_close(scalar["block_importance"], want["block_importance"], np.float32, "block_importance")
 
 
 @pytest.mark.parametrize("machine", list(MACHINES))
@@ -118,6 +119,40 @@ def test_bounds_round_outward_alike_on_every_variant(machine, tmp_path):
 
     expected = quest_metadata(**inputs, block_size=1)
     _check_variants(machine, "QuestMetadata", case, inputs, dict(block_size=1), expected, tmp_path)
+
+
+@pytest.mark.parametrize("call", ["QuestMetadata", "SparseBlockAttention"])
+@pytest.mark.parametrize("machine", list(MACHINES))
+def test_int8_rows_alike_on_every_variant(machine, call, tmp_path):
+    """Rows at the int8 format's edges (zero, tiny, subnormal and tied scales, half-integer values,
+    overflow, NaN, infinities) written into int8 caches and attended exactly, and bounded by
+    QuestMetadata with key_cache_type 'int8', on every variant."""
+    import dataclasses
+
+    from quest_ort.ops.reference import quest_metadata, sparse_block_attention
+    from support.rounding_keys import int8_rows
+
+    rows = int8_rows(width=20)  # 20: a 16-lane chunk and a tail
+    S, D = rows.shape
+    case = dataclasses.replace(CASES[0], batch=1, heads=(2, 1), head_dim=D, block_size=16, new_tokens=S,
+                               exact="none", dtypes=("float32", "int8"))
+    query = np.random.default_rng(3).standard_normal((1, 2, S, D)).astype(np.float32)
+    past = np.zeros(1, np.int32)
+    if call == "QuestMetadata":
+        M = case.num_blocks()  # the block count the case folder declares
+        inputs = dict(key=rows.reshape(1, 1, S, D), block_max=np.zeros((1, 1, M, D), np.float16),
+                      block_min=np.zeros((1, 1, M, D), np.float16), past_lens=past, total_lens=None)
+        attributes = dict(block_size=case.block_size, key_cache_type="int8")
+        expected = quest_metadata(**inputs, **attributes)
+    else:
+        inputs = dict(query=query, key=rows.reshape(1, 1, S, D), value=rows[::-1].copy().reshape(1, 1, S, D),
+                      key_cache=np.zeros((1, 1, S, D), np.int8), value_cache=np.zeros((1, 1, S, D), np.int8),
+                      past_lens=past, key_scale=np.zeros((1, 1, S), np.float16),
+                      value_scale=np.zeros((1, 1, S), np.float16))
+        attributes = dict(num_heads=2, kv_num_heads=1, block_size=case.block_size)
+        with np.errstate(invalid="ignore", over="ignore"):
+            expected = sparse_block_attention(**inputs, **attributes)
+    _check_variants(machine, call, case, inputs, attributes, expected, tmp_path)
 
 
 def _bounds_no_keys_give(inputs, seed=5):
@@ -155,7 +190,8 @@ def _bounds_no_keys_give(inputs, seed=5):
 BOUND_CASES = [c for c in CASES if c.score == "bound" and c.ranks_blocks()][:8]
 
 
-SPECIAL_CASES = [c for c in CASES if c.score == "bound"][:10]
+# (The int8 cases too: their specials are NaN scale rows and the other edge scales.)
+SPECIAL_CASES = [c for c in CASES if c.score == "bound" and not c.int8][:10] + [c for c in CASES if c.int8]
 EDGE_INPUTS = {"no keys give": _bounds_no_keys_give, "non-finite": with_specials, "as built": None}
 # (call, case, inputs) runs at the contract's edges: bounds no keys give on short selections;
 # non-finite numbers on every call; and rows of thousands of blocks, which take the paths short

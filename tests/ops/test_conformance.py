@@ -1,6 +1,7 @@
 """Op conformance: the native kernels and the standard-op function bodies against the NumPy reference.
 
-Selections and cache writes compare bit for bit; attention outputs within the dtype tolerance.
+Selections and cache writes (int8 caches' scales too, as float16 bits) compare bit for bit;
+attention outputs within the dtype tolerance.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pytest
 
 from quest_ort.ops.reference import quest_metadata, sparse_block_attention, sparse_block_select
 from quest_ort.runtime.single_op import run_op
-from support.cases import CASES, attention_args, make_data, metadata_args, select_args, with_specials
+from support.cases import CASES, INT8_DTYPES, attention_args, make_data, metadata_args, select_args, with_specials
+from support.driver_cases import outputs_of
 from support.tolerances import assert_close, assert_equal, assert_used_blocks_equal
 
 PATHS = pytest.mark.parametrize("native", [True, False], ids=["kernel", "body"])
@@ -59,8 +61,11 @@ def test_sparse_block_attention(case, native, sparse):
     _check_attention(case, inputs, attributes, _expected_attention(case, sparse), native)
 
 
-# The function bodies materialise [B, N, G, S, C]: the cheapest cases.
-NON_FINITE_CASES = sorted(CASES, key=lambda case: case.body_cost())[:8]
+# The function bodies materialise [B, N, G, S, C]: the cheapest cases, and the cheapest of each int8
+# pair (an int8 cache's specials are its scales: NaN rows and the other edges, cases.SCALE_SPECIALS).
+_BY_COST = sorted(CASES, key=lambda case: case.body_cost())
+NON_FINITE_CASES = list(dict.fromkeys(_BY_COST[:8] + [next(case for case in _BY_COST if case.dtypes == pair)
+                                                        for pair in INT8_DTYPES]))
 
 
 @pytest.mark.parametrize("case", NON_FINITE_CASES, ids=lambda case: case.id)
@@ -75,11 +80,12 @@ def test_attention_on_non_finite_numbers(case, native, sparse):
 
 
 def _check_attention(case, inputs, attributes, expected, native):
-    """The op's four outputs against the reference's: caches bit for bit, the rest within tolerance."""
-    output, key_cache, value_cache, importance = expected
-    names = ("output", "key_cache_out", "value_cache_out", "block_importance")
+    """The op's outputs against the reference's: caches (and int8 caches' scales) bit for bit, the
+    rest within tolerance."""
+    names = outputs_of("SparseBlockAttention", inputs)
     got = run_op("SparseBlockAttention", inputs, attributes, outputs=names, native=native)
-    assert_close(got["output"], output, np.dtype(case.dtypes[0]), "output", axes="(b, s) x H*D")
-    assert_equal(got["key_cache_out"], key_cache, "key_cache_out", axes="(b, n, t) x D")
-    assert_equal(got["value_cache_out"], value_cache, "value_cache_out", axes="(b, n, t) x D")
-    assert_close(got["block_importance"], importance, np.float32, "block_importance", axes="(b, n) x M")
+    want = dict(zip(names, expected, strict=True))
+    assert_close(got["output"], want["output"], np.dtype(case.dtypes[0]), "output", axes="(b, s) x H*D")
+    for name in names[1:3] + names[4:]:
+        assert_equal(got[name], want[name], name, axes="(b, n, t) x D" if name.endswith("cache_out") else "(b, n) x C")
+    assert_close(got["block_importance"], want["block_importance"], np.float32, "block_importance", axes="(b, n) x M")

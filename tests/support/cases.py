@@ -13,6 +13,7 @@ import functools
 import numpy as np
 
 from quest_ort.ops.reference import quest_metadata, sparse_block_select
+from quest_ort.ops.reference.int8_rows import NAN_SCALE, dequantize_rows, quantize_rows
 
 HEAD_LAYOUTS = ((4, 4), (8, 2), (14, 2), (32, 8))
 HEAD_DIMS = (64, 80, 128)
@@ -24,6 +25,9 @@ TOP_K = ("1", "2", "8", "32", "more than eligible")
 FORCED = (0, 1, 2)
 REDUCES = ("mean", "max", "none")
 DTYPES = (("float32", "float32"), ("float16", "float16"), ("float32", "float16"), ("float16", "float32"))
+# SparseBlockAttention's int8 caches (row-wise int8 and a float16 scale); their block bounds are
+# float16, as the exporter keeps them. Drawn after the float pairs (_covering_cases).
+INT8_DTYPES = (("float32", "int8"), ("float16", "int8"))
 BATCHES = (1, 3)
 # exact_lens: absent, 0 (given, nothing exact), every query of the call, or its first half.
 EXACT = ("none", "none", "zero", "all", "half")
@@ -43,7 +47,7 @@ AXES = {
     "equal_scores": (False, False, False, True),
     "score": ("bound", "bound", "probe"),
     "num_probes": (3, 8),
-    "dtypes": DTYPES,
+    "dtypes": DTYPES + INT8_DTYPES,
     "exact": EXACT,
 }
 
@@ -72,13 +76,23 @@ class Case:
     exact: str
 
     @property
+    def int8(self) -> bool:
+        """int8 KV caches (with row scales), bounded by float16 metadata."""
+        return self.dtypes[1] == "int8"
+
+    def bounds_dtype(self) -> np.dtype:
+        """The block bounds' dtype: the cache's own, float16 next to int8 caches."""
+        return np.dtype(np.float16 if self.int8 else self.dtypes[1])
+
+    @property
     def id(self) -> str:
         H, N = self.heads
+        short = {"float32": "32", "float16": "16", "int8": "i8"}
         return (
             f"B{self.batch}-H{H}N{N}-D{self.head_dim}-P{self.block_size}-L{self.cached.replace('~', '')}"
             f"-S{self.new_tokens}-K{self.top_k.split()[0]}-s{self.sink}r{self.recent}-{self.reduce}"
             f"{'-imp' if self.importance else ''}{'-eq' if self.equal_scores else ''}"
-            f"{f'-probe{self.num_probes}' if self.score == 'probe' else ''}-{self.dtypes[0][5:]}{self.dtypes[1][5:]}"
+            f"{f'-probe{self.num_probes}' if self.score == 'probe' else ''}-{short[self.dtypes[0]]}{short[self.dtypes[1]]}"
             f"{'' if self.exact == 'none' else '-x' + self.exact}"
         )
 
@@ -141,16 +155,47 @@ def _covering_cases(seed: int = 7) -> list[Case]:
     """Random combinations, kept while they add an uncovered (axis, value) and fit the budget.
 
     Cases whose ranking decides part of the selection are preferred; the others are taken only for
-    values that cannot rank (a budget above the eligible blocks) once the draws run long.
+    values that cannot rank (a budget above the eligible blocks) once the draws run long. The float
+    dtype pairs are drawn first, as before int8 caches existed, so those cases stay the same; the
+    int8 pairs then get a case each (_int8_cases).
     """
-    rng = np.random.default_rng(seed)
-    uncovered = {(axis, value) for axis, values in AXES.items() for value in values}
+    cases = _draw({**AXES, "dtypes": DTYPES}, np.random.default_rng(seed), EXTRA_CASES)
+    return cases + _int8_cases(np.random.default_rng(seed + 1))
+
+
+# Where int8 rows take paths of their own in the SIMD kernels: row loads that end inside a 16-lane
+# chunk, per-head block lists (walked as one union), decode, and a prefill of whole query tiles.
+INT8_PATHS = {("head_dim", 80), ("reduce", "none"), ("new_tokens", 1), ("new_tokens", 64)}
+
+
+def _int8_cases(rng, draws: int = 1000) -> list[Case]:
+    """One case per int8 dtype pair: of `draws` random ranking cases within the budget (never
+    score='probe'), the first that reaches the most INT8_PATHS the earlier int8 cases missed."""
+    axes = {**AXES, "score": ("bound",)}
+    cases, missed = [], set(INT8_PATHS)
+    for dtypes in INT8_DTYPES:
+        best, reached = None, -1
+        for _ in range(draws):
+            case = Case(**{**{axis: values[rng.integers(len(values))] for axis, values in axes.items()}, "dtypes": dtypes})
+            if case.body_cost() > BODY_BUDGET or not case.ranks_blocks():
+                continue
+            gain = len(set(dataclasses.asdict(case).items()) & missed)
+            if gain > reached:
+                best, reached = case, gain
+        cases.append(best)
+        missed -= set(dataclasses.asdict(best).items())
+    return cases
+
+
+def _draw(axes, rng, extra_cases) -> list[Case]:
+    """Cases drawn from `axes` until every (axis, value) is covered, then `extra_cases` more."""
+    uncovered = {(axis, value) for axis, values in axes.items() for value in values}
     cases: list[Case] = []
     extra = 0
     for attempt in range(200000):
-        if not uncovered and extra >= EXTRA_CASES:
+        if not uncovered and extra >= extra_cases:
             break
-        choice = {axis: values[rng.integers(len(values))] for axis, values in AXES.items()}
+        choice = {axis: values[rng.integers(len(values))] for axis, values in axes.items()}
         case = Case(**choice)
         if case.body_cost() > BODY_BUDGET:
             continue
@@ -213,24 +258,33 @@ class CaseData:
     total_lens: np.ndarray | None
     block_importance: np.ndarray | None
     exact_lens: np.ndarray | None
+    key_scale: np.ndarray | None = None  # int8 caches: each row's float16 scale [B, N, C]
+    value_scale: np.ndarray | None = None
 
 
 def make_data(case: Case, seed: int = 0) -> CaseData:
     rng = np.random.default_rng(seed)
     H, N = case.heads
     B, S, D, C, M = case.batch, case.new_tokens, case.head_dim, case.capacity(), case.num_blocks()
-    act, cache = np.dtype(case.dtypes[0]), np.dtype(case.dtypes[1])
+    act, bounds = np.dtype(case.dtypes[0]), case.bounds_dtype()
+    # An int8 cache's rows are drawn as float32 and quantized (the same draws as a float cache's).
+    drawn = np.dtype(np.float32 if case.int8 else case.dtypes[1])
     past = case.past_lens()
-    key_cache = _normal(rng, (B, N, C, D), cache)
-    value_cache = _normal(rng, (B, N, C, D), cache)
+    key_cache = _normal(rng, (B, N, C, D), drawn)
+    value_cache = _normal(rng, (B, N, C, D), drawn)
     key = _normal(rng, (B, N, S, D), act)
     if case.equal_scores:  # every key the same vector: every block bound ties
         row = _normal(rng, (D,), np.float32)
-        key_cache[:] = row.astype(cache)
+        key_cache[:] = row.astype(drawn)
         key[:] = row.astype(act)
-    # Metadata of the cached keys, built by the reference as a prefill would; unused blocks garbage.
-    garbage = _normal(rng, (B, N, M, D), cache)
-    cached = key_cache[:, :, : max(int(past.max()), 1)]
+    scales = {}
+    if case.int8:
+        (key_cache, scales["key_scale"]), (value_cache, scales["value_scale"]) = map(quantize_rows, (key_cache, value_cache))
+    # Metadata of the cached keys (as the cache holds them), built by the reference as a prefill
+    # would; unused blocks garbage.
+    garbage = _normal(rng, (B, N, M, D), bounds)
+    held = dequantize_rows(key_cache, scales["key_scale"]) if case.int8 else key_cache
+    cached = held[:, :, : max(int(past.max()), 1)]
     block_max, block_min = quest_metadata(
         cached, garbage, garbage.copy(), np.zeros(B, np.int32), past, block_size=case.block_size
     )
@@ -251,13 +305,16 @@ def make_data(case: Case, seed: int = 0) -> CaseData:
         total_lens=case.total_lens(),
         block_importance=importance,
         exact_lens=case.exact_lens(),
+        **scales,
     )
 
 
 def metadata_args(data: CaseData) -> tuple[dict, dict]:
+    """The new keys into the bounds; next to int8 caches, each key as the int8 cache will hold it."""
     inputs = dict(key=data.key, block_max=data.block_max, block_min=data.block_min,
                   past_lens=data.past_lens, total_lens=data.total_lens)
-    return inputs, dict(block_size=data.case.block_size)
+    int8 = dict(key_cache_type="int8") if data.case.int8 else {}
+    return inputs, dict(block_size=data.case.block_size, **int8)
 
 
 def select_attributes(case: Case) -> dict:
@@ -292,7 +349,8 @@ def attention_args(data: CaseData, sparse: bool = True) -> tuple[dict, dict]:
     return (
         dict(query=data.query, key=data.key, value=data.value, key_cache=data.key_cache,
              value_cache=data.value_cache, past_lens=data.past_lens, block_indices=indices,
-             total_lens=data.total_lens, exact_lens=data.exact_lens),
+             total_lens=data.total_lens, exact_lens=data.exact_lens, key_scale=data.key_scale,
+             value_scale=data.value_scale),
         dict(num_heads=H, kv_num_heads=N, block_size=data.case.block_size),
     )
 
@@ -312,26 +370,32 @@ CALLS = {
 # subnormals, float16's largest value and values that overflow it (a float16 cache stores them as inf).
 SPECIALS = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 3e-8, 65504.0, -65504.0, 7e4, -7e4],
                     np.float64)
+# An int8 cache's specials are its row scales at their edges, the scales rows can get: NaN (a row
+# with a non-finite value, or past 127 * 65504; 0x7E00), 0 (a zero row), float16's least
+# subnormal and its largest value. (Its int8 values are all plain numbers.)
+SCALE_SPECIALS = np.array([NAN_SCALE, 0.0, 2.0**-24, 65504.0], np.float16)
+SCALES = ("key_scale", "value_scale")
 
 
-def sprinkle_specials(array, rng, fraction=0.003):
-    """Replaces about `fraction` of the elements (at least one) with SPECIALS, in place."""
+def sprinkle_specials(array, rng, fraction=0.003, specials=SPECIALS):
+    """Replaces about `fraction` of the elements (at least one) with `specials`, in place."""
     flat = array.reshape(-1)
     assert np.shares_memory(flat, array), "sprinkle_specials needs a contiguous array"
     if flat.size == 0:
         return
     hits = np.unique(np.concatenate([rng.integers(0, flat.size, 1), np.flatnonzero(rng.random(flat.size) < fraction)]))
     with np.errstate(over="ignore"):
-        flat[hits] = rng.choice(SPECIALS, hits.size).astype(np.float32).astype(array.dtype)
+        flat[hits] = rng.choice(specials, hits.size).astype(np.float32).astype(array.dtype)
 
 
 def with_specials(inputs: dict, seed: int = 11) -> dict:
     """The inputs with about 0.3% (at least one) of each floating array's elements replaced by
-    SPECIALS (block_importance aside: it is not a number the model makes)."""
+    SPECIALS, of an int8 cache's scales by SCALE_SPECIALS (block_importance aside: it is not a
+    number the model makes)."""
     rng = np.random.default_rng(seed)
     out = dict(inputs)
     for name, array in inputs.items():
         if isinstance(array, np.ndarray) and array.dtype.kind == "f" and name != "block_importance":
             out[name] = array.copy()
-            sprinkle_specials(out[name], rng)
+            sprinkle_specials(out[name], rng, specials=SCALE_SPECIALS if name in SCALES else SPECIALS)
     return out
