@@ -1,5 +1,5 @@
-"""In-place cache updates through IOBinding: a decode step writes only the new tokens, copies nothing,
-and a failing step leaves the bound caches exactly as they were."""
+"""In-place cache updates through IOBinding: a decode step writes only the new tokens (and, with int8
+caches, their scales), copies nothing, and a failing step leaves the bound caches exactly as they were."""
 
 from __future__ import annotations
 
@@ -10,68 +10,90 @@ import pytest
 from quest_ort.graphs import op_model
 from quest_ort.ops import native_copied_bytes
 from quest_ort.ops.reference import quest_metadata, sparse_block_attention
+from quest_ort.ops.reference.int8_rows import quantize_rows
 from quest_ort.runtime import make_session
 from quest_ort.runtime.binding import InPlaceStep
-from support.tolerances import assert_close
+from support.driver_cases import SCALE_OUTPUTS
+from support.tolerances import assert_close, assert_equal
 
 B, H, N, D, P, C = 2, 8, 2, 64, 16, 256
 ATTENTION = dict(num_heads=H, kv_num_heads=N, block_size=P)
+# The caches a step keeps: float32, or int8 with each row's float16 scale (kept in place as well).
+CACHE_KINDS = ("float32", "int8")
+IN_PLACE = {"key_cache_out": "key_cache", "value_cache_out": "value_cache", "key_scale_out": "key_scale",
+            "value_scale_out": "value_scale"}
 
 
-def _attention_session():
+def _attention_session(cache="float32"):
     x = dict(query=np.zeros((B, H, 1, D), np.float32), key=np.zeros((B, N, 1, D), np.float32),
-             value=np.zeros((B, N, 1, D), np.float32), key_cache=np.zeros((B, N, C, D), np.float32),
-             value_cache=np.zeros((B, N, C, D), np.float32), past_lens=np.zeros(B, np.int32))
-    session = make_session(op_model("SparseBlockAttention", x, ATTENTION))
-    return InPlaceStep(session, {"key_cache_out": "key_cache", "value_cache_out": "value_cache"})
+             value=np.zeros((B, N, 1, D), np.float32), key_cache=np.zeros((B, N, C, D), cache),
+             value_cache=np.zeros((B, N, C, D), cache), past_lens=np.zeros(B, np.int32))
+    outputs = None
+    if cache == "int8":
+        x.update(key_scale=np.zeros((B, N, C), np.float16), value_scale=np.zeros((B, N, C), np.float16))
+        outputs = ("output", "key_cache_out", "value_cache_out", *SCALE_OUTPUTS)
+    session = make_session(op_model("SparseBlockAttention", x, ATTENTION, outputs=outputs))
+    return InPlaceStep(session, IN_PLACE)  # (the scale aliases apply only where the outputs exist)
 
 
-def _caches(rng):
+def _caches(rng, cache="float32") -> dict:
+    """The cache inputs of a step: float32 caches, or the same draws quantized into int8 caches
+    with their scales."""
     key_cache = rng.standard_normal((B, N, C, D)).astype(np.float32)
     value_cache = rng.standard_normal((B, N, C, D)).astype(np.float32)
-    return key_cache, value_cache
+    if cache == "float32":
+        return dict(key_cache=key_cache, value_cache=value_cache)
+    (key_cache, key_scale), (value_cache, value_scale) = quantize_rows(key_cache), quantize_rows(value_cache)
+    return dict(key_cache=key_cache, value_cache=value_cache, key_scale=key_scale, value_scale=value_scale)
 
 
-def _decode_feeds(rng, past, key_value, value_value):
+def _decode_feeds(rng, past, caches):
     return dict(query=rng.standard_normal((B, H, 1, D)).astype(np.float32),
                 key=rng.standard_normal((B, N, 1, D)).astype(np.float32),
                 value=rng.standard_normal((B, N, 1, D)).astype(np.float32),
-                key_cache=key_value, value_cache=value_value, past_lens=np.array(past, np.int32))
+                **caches, past_lens=np.array(past, np.int32))
 
 
-def test_decode_steps_update_the_bound_caches_in_place():
+def _reference_step(feeds, caches) -> tuple[np.ndarray, dict]:
+    """(output, the caches after the step) of the reference."""
+    output, key_cache, value_cache, _, *scales = sparse_block_attention(
+        feeds["query"], feeds["key"], feeds["value"], past_lens=feeds["past_lens"], **caches, **ATTENTION)
+    return output, dict(zip(caches, (key_cache, value_cache, *scales), strict=True))
+
+
+@pytest.mark.parametrize("cache", CACHE_KINDS)
+def test_decode_steps_update_the_bound_caches_in_place(cache):
     rng = np.random.default_rng(0)
-    key_cache, value_cache = _caches(rng)
-    expected_keys, expected_values = key_cache.copy(), value_cache.copy()
-    key_value = ort.OrtValue.ortvalue_from_numpy(key_cache)
-    value_value = ort.OrtValue.ortvalue_from_numpy(value_cache)
-    pointer = key_value.data_ptr()
-    step = _attention_session()
+    caches = _caches(rng, cache)
+    expected = {name: array.copy() for name, array in caches.items()}
+    values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in caches.items()}
+    pointers = {name: value.data_ptr() for name, value in values.items()}
+    step = _attention_session(cache)
     past = [100, 37]
     copied_before = native_copied_bytes()
     for _ in range(3):
-        feeds = _decode_feeds(rng, past, key_value, value_value)
+        feeds = _decode_feeds(rng, past, values)
         out = step.run(feeds)["output"]
-        reference = sparse_block_attention(feeds["query"], feeds["key"], feeds["value"], expected_keys,
-                                           expected_values, feeds["past_lens"], **ATTENTION)
-        expected_keys, expected_values = reference[1], reference[2]
-        assert_close(out, reference[0], np.float32, "output")
+        reference, expected = _reference_step(feeds, expected)
+        assert_close(out, reference, np.float32, "output")
         past = [p + 1 for p in past]
     assert native_copied_bytes() == copied_before, "an in-place step copied a cache"
-    assert key_value.data_ptr() == pointer
-    # The caller's own buffers hold exactly the reference caches: only rows 100..102 / 37..39 changed.
-    np.testing.assert_array_equal(key_cache, expected_keys)
-    np.testing.assert_array_equal(value_cache, expected_values)
+    assert {name: value.data_ptr() for name, value in values.items()} == pointers
+    # The caller's own buffers hold exactly the reference caches (and scales): only rows 100..102 /
+    # 37..39 changed.
+    for name, array in caches.items():
+        assert_equal(array, expected[name], name)
 
 
-def test_unbound_outputs_copy_the_cache_once_per_step():
+@pytest.mark.parametrize("cache", CACHE_KINDS)
+def test_unbound_outputs_copy_the_cache_once_per_step(cache):
     rng = np.random.default_rng(1)
-    key_cache, value_cache = _caches(rng)
-    session = _attention_session().session
-    feeds = _decode_feeds(rng, [3, 4], key_cache, value_cache)
+    caches = _caches(rng, cache)
+    session = _attention_session(cache).session
+    feeds = _decode_feeds(rng, [3, 4], caches)
     copied_before = native_copied_bytes()
     session.run(None, feeds)
-    assert native_copied_bytes() - copied_before == key_cache.nbytes + value_cache.nbytes
+    assert native_copied_bytes() - copied_before == sum(array.nbytes for array in caches.values())
 
 
 def _read_only(shape):
@@ -89,7 +111,7 @@ REFUSED_OUTPUT_ARRAYS = {
 def test_outputs_are_written_into_the_arrays_given():
     rng = np.random.default_rng(5)
     step = _attention_session()
-    feeds = _decode_feeds(rng, [3, 4], *_caches(rng))
+    feeds = _decode_feeds(rng, [3, 4], _caches(rng))
     expected = step.run(feeds)["output"]  # run again, the step writes the same new tokens again
     output = np.full(expected.shape, np.nan, np.float32)
     got = step.run(feeds, into={"output": output})["output"]
@@ -101,25 +123,26 @@ def test_outputs_are_written_into_the_arrays_given():
 def test_an_array_onnx_runtime_would_not_write_into_is_refused(kind):
     # ONNX Runtime writes a contiguous copy of any other array and leaves the caller's unwritten.
     rng = np.random.default_rng(5)
-    feeds = _decode_feeds(rng, [3, 4], *_caches(rng))
+    feeds = _decode_feeds(rng, [3, 4], _caches(rng))
     with pytest.raises(ValueError, match="output output: the array to write it into must be a C-contiguous"):
         _attention_session().run(feeds, into={"output": REFUSED_OUTPUT_ARRAYS[kind]((B, 1, H * D))})
 
 
-def test_failed_step_leaves_bound_caches_untouched():
+@pytest.mark.parametrize("cache", CACHE_KINDS)
+def test_failed_step_leaves_bound_caches_untouched(cache):
     rng = np.random.default_rng(2)
-    key_cache, value_cache = _caches(rng)
-    snapshot = key_cache.copy(), value_cache.copy()
-    step = _attention_session()
-    feeds = _decode_feeds(rng, [C, 5], ort.OrtValue.ortvalue_from_numpy(key_cache),
-                          ort.OrtValue.ortvalue_from_numpy(value_cache))  # row 0 is full
+    caches = _caches(rng, cache)
+    snapshot = {name: array.copy() for name, array in caches.items()}
+    step = _attention_session(cache)
+    feeds = _decode_feeds(rng, [C, 5], {name: ort.OrtValue.ortvalue_from_numpy(array)
+                                        for name, array in caches.items()})  # row 0 is full
     with pytest.raises(Exception, match="capacity"):
         step.run(feeds)
-    np.testing.assert_array_equal(key_cache, snapshot[0])
-    np.testing.assert_array_equal(value_cache, snapshot[1])
+    for name, array in caches.items():
+        assert_equal(array, snapshot[name], name)
     feeds["past_lens"] = np.array([C - 1, 5], np.int32)  # the session still works afterwards
     step.run(feeds)
-    assert not np.array_equal(key_cache, snapshot[0])
+    assert not np.array_equal(caches["key_cache"], snapshot["key_cache"])
 
 
 def test_metadata_updates_in_place():
@@ -245,6 +268,49 @@ def test_overlapping_bindings_are_refused_before_anything_is_written(case):
     with pytest.raises(Exception, match=message):
         _bound_run(session, inputs, outputs)
     np.testing.assert_array_equal(arena, before)  # inputs and bound outputs: not a byte written
+
+
+# With int8 caches the scales are in-place outputs too, refused alike. One byte arena holds the int8
+# caches, their float16 scales and the float32 activations, at these byte offsets.
+SCALES, SCALE_BYTES = (B, N, C), B * N * C * 2
+INT8_LAYOUT = dict(key_cache=0, value_cache=2 * CACHE_SIZE, key_scale=4 * CACHE_SIZE,
+                   value_scale=4 * CACHE_SIZE + 2 * SCALE_BYTES, query=4 * CACHE_SIZE + 4 * SCALE_BYTES)
+INT8_LAYOUT.update(key=INT8_LAYOUT["query"] + B * H * D * 4, value=INT8_LAYOUT["query"] + 2 * B * H * D * 4)
+FREE_BYTES = INT8_LAYOUT["query"] + 3 * B * H * D * 4
+INT8_SHAPES = dict(key_cache=(CACHE, np.int8), value_cache=(CACHE, np.int8), key_scale=(SCALES, np.float16),
+                   value_scale=(SCALES, np.float16), query=((B, H, 1, D), np.float32),
+                   key=((B, N, 1, D), np.float32), value=((B, N, 1, D), np.float32))
+
+
+def _carve_bytes(arena, offset, shape, dtype):
+    return arena[offset:offset + int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+
+
+SCALE_OVERLAPS = {
+    "key_scale_out on value_scale": (dict(key_scale_out=INT8_LAYOUT["value_scale"]),
+                                     r"SparseBlockAttention: output 'key_scale_out' overlaps input 'value_scale'"),
+    "key_scale_out one element past key_scale": (
+        dict(key_scale_out=INT8_LAYOUT["key_scale"] + 2),
+        r"SparseBlockAttention: output 'key_scale_out' partly overlaps its input 'key_scale'"),
+    "value_scale_out over the value cache": (
+        dict(value_scale_out=INT8_LAYOUT["value_cache"] + 64),
+        r"SparseBlockAttention: output 'value_scale_out' overlaps input 'value_cache'"),
+    "both scales on one buffer": (dict(key_scale_out=FREE_BYTES, value_scale_out=FREE_BYTES),
+                                  r"SparseBlockAttention: outputs 'key_scale_out' and 'value_scale_out' overlap"),
+}
+
+
+@pytest.mark.parametrize("case", list(SCALE_OVERLAPS))
+def test_overlapping_scale_bindings_are_refused_before_anything_is_written(case):
+    bound, message = SCALE_OVERLAPS[case]
+    arena = np.random.default_rng(9).integers(0, 256, FREE_BYTES + 2 * SCALE_BYTES, dtype=np.uint8)
+    inputs = {name: _carve_bytes(arena, INT8_LAYOUT[name], *INT8_SHAPES[name]) for name in INT8_LAYOUT}
+    inputs["past_lens"] = np.array([3, 4], np.int32)
+    outputs = {name: _carve_bytes(arena, offset, SCALES, np.float16) for name, offset in bound.items()}
+    before = arena.copy()
+    with pytest.raises(Exception, match=message):
+        _bound_run(_attention_session("int8").session, inputs, outputs)
+    np.testing.assert_array_equal(arena, before)
 
 
 def test_select_output_over_an_input_is_refused():
