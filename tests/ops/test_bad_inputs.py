@@ -84,6 +84,11 @@ BAD = [
     ("QuestMetadata", "block_size past int32", lambda x: x, {"block_size": 2**32 + 4}, ["'block_size'", "int32"]),
     ("QuestMetadata", "zero head dim", lambda x: _replace(x, key=np.ones((2, N, S, 0), np.float32), block_max=np.ones((2, N, M, 0), np.float32), block_min=np.ones((2, N, M, 0), np.float32)), {}, ["'key'", "(D) must be positive"]),
     ("SparseBlockAttention", "zero head dim", lambda x: _replace(x, query=np.ones((2, H, S, 0), np.float32), key=np.ones((2, N, S, 0), np.float32), value=np.ones((2, N, S, 0), np.float32), key_cache=np.ones((2, N, C, 0), np.float32), value_cache=np.ones((2, N, C, 0), np.float32)), {}, ["(D) must be positive"]),
+    # int8 is a type of SparseBlockAttention's caches only: bounds and the probe's key cache refuse it.
+    ("QuestMetadata", "int8 bounds", lambda x: _replace(x, block_max=np.zeros((2, N, M, D), np.int8), block_min=np.zeros((2, N, M, D), np.int8)), {}, ["'block_max'", "int8"]),
+    ("SparseBlockSelect", "int8 bounds", lambda x: _replace(x, block_max=np.ones((2, N, M, D), np.int8), block_min=np.zeros((2, N, M, D), np.int8)), {}, ["'block_max'", "int8"]),
+    ("SparseBlockSelect", "probe of an int8 key cache", lambda x: _replace(x, key_cache=np.zeros((2, N, C, D), np.int8), key=np.ones((2, N, S, D), np.float32)), {"score": "probe"}, ["'key_cache'", "int8"]),
+    ("QuestMetadata", "key_cache_type unknown", lambda x: x, {"key_cache_type": "int4"}, ["'key_cache_type'", "'float', 'int8'"]),
 ]
 
 
@@ -95,6 +100,47 @@ def test_bad_input_is_reported_by_name(op_name, what, change_inputs, change_attr
     attributes = {k: v for k, v in {**attributes, **change_attributes}.items() if v is not None}
     with pytest.raises(Exception) as error:
         run_op(op_name, inputs, attributes, symbolic_dims=False)
+    message = str(error.value)
+    for word in words:
+        assert word in message, f"{what}: {word!r} not in error message:\n{message}"
+
+
+def _valid_int8():
+    """A valid SparseBlockAttention call with int8 caches and their scales, scale outputs asked for."""
+    inputs, attributes, _ = _valid("SparseBlockAttention")
+    int8 = dict(key_cache=np.zeros((2, N, C, D), np.int8), value_cache=np.ones((2, N, C, D), np.int8),
+                key_scale=np.full((2, N, C), 0.5, np.float16), value_scale=np.full((2, N, C), 0.25, np.float16))
+    return {**inputs, **int8}, attributes
+
+
+INT8_OUTPUTS = ("output", "key_cache_out", "value_cache_out", "key_scale_out", "value_scale_out")
+FLOAT_OUTPUTS = INT8_OUTPUTS[:3]
+_FLOAT_CACHES = dict(key_cache=np.zeros((2, N, C, D), np.float32), value_cache=np.zeros((2, N, C, D), np.float32))
+
+INT8_BAD = [
+    # what, change the int8 call's inputs, outputs asked for, expected words in the message
+    ("int8 caches without key_scale", lambda x: _replace(x, key_scale=None), INT8_OUTPUTS, ["input 'key_scale' is required with int8 caches"]),
+    ("int8 caches without value_scale", lambda x: _replace(x, value_scale=None), INT8_OUTPUTS, ["input 'value_scale' is required with int8 caches"]),
+    ("int8 caches without either scale", lambda x: _replace(x, key_scale=None, value_scale=None), FLOAT_OUTPUTS, ["'key_scale' is required with int8 caches"]),
+    ("key_scale_out left out", lambda x: x, FLOAT_OUTPUTS + ("value_scale_out",), ["output 'key_scale_out' is required with int8 caches"]),
+    ("value_scale_out left out", lambda x: x, INT8_OUTPUTS[:4], ["output 'value_scale_out' is required with int8 caches"]),
+    ("scales with float32 caches", lambda x: _replace(x, **_FLOAT_CACHES), FLOAT_OUTPUTS, ["input 'key_scale' is given", "float32", "int8 caches only"]),
+    ("scale outputs with float32 caches", lambda x: _replace(x, **_FLOAT_CACHES, key_scale=None, value_scale=None), INT8_OUTPUTS, ["output 'key_scale_out' is bound", "not int8"]),
+    ("key_scale float32", lambda x: _replace(x, key_scale=x["key_scale"].astype(np.float32)), INT8_OUTPUTS, ["key_scale", "tensor(float16)", "tensor(float)"]),
+    ("value_scale int8", lambda x: _replace(x, value_scale=x["value_scale"].astype(np.int8)), INT8_OUTPUTS, ["value_scale", "tensor(float16)", "tensor(int8)"]),
+    ("key_scale of another capacity", lambda x: _replace(x, key_scale=np.ones((2, N, C + 1), np.float16)), INT8_OUTPUTS, ["'key_scale' dim 2", "C"]),
+    ("value_scale of other heads", lambda x: _replace(x, value_scale=np.ones((2, N + 1, C), np.float16)), INT8_OUTPUTS, ["'value_scale' dim 1", "N"]),
+    ("key_scale rank 4", lambda x: _replace(x, key_scale=np.ones((2, N, C, 1), np.float16)), INT8_OUTPUTS, ["'key_scale'", "rank 3"]),
+    ("int8 keys, float16 values", lambda x: _replace(x, value_cache=np.zeros((2, N, C, D), np.float16)), INT8_OUTPUTS, ["'value_cache'", "float16", "int8"]),
+]
+
+
+@pytest.mark.parametrize("what, change_inputs, outputs, words", INT8_BAD, ids=[b[0] for b in INT8_BAD])
+def test_bad_int8_call_is_reported_by_name(what, change_inputs, outputs, words):
+    inputs, attributes = _valid_int8()
+    run_op("SparseBlockAttention", inputs, attributes, outputs=INT8_OUTPUTS)  # the valid baseline runs
+    with pytest.raises(Exception) as error:
+        run_op("SparseBlockAttention", change_inputs(inputs), attributes, outputs=outputs, symbolic_dims=False)
     message = str(error.value)
     for word in words:
         assert word in message, f"{what}: {word!r} not in error message:\n{message}"
