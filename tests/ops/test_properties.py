@@ -20,12 +20,16 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from quest_ort.ops.reference import quest_metadata, sparse_block_attention, sparse_block_select
+from quest_ort.ops.reference.int8_rows import dequantize_rows, quantize_rows
 from quest_ort.ops.schemas import OPS_BY_NAME, TYPE_VARS
 from quest_ort.runtime.single_op import run_op
-from support.cases import sprinkle_specials
+from support.cases import SCALE_SPECIALS, SCALES, sprinkle_specials
+from support.driver_cases import outputs_of
 from support.tolerances import assert_close, assert_equal, assert_used_blocks_equal
 
-DTYPES = (("float32", "float32"), ("float16", "float16"), ("float32", "float16"), ("float16", "float32"))
+# (activation, cache): int8 caches keep float16 bounds (cases.INT8_DTYPES).
+DTYPES = (("float32", "float32"), ("float16", "float16"), ("float32", "float16"), ("float16", "float32"),
+          ("float32", "int8"), ("float16", "int8"))
 # Head dims around the 16-lane SIMD width and its tails, plus the model sizes.
 HEAD_DIMS = (1, 3, 8, 15, 16, 17, 33, 64, 80)
 PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, derandomize=True,
@@ -46,44 +50,60 @@ def calls(draw):
     C = int(past.max()) + S + draw(st.integers(0, min(P, 40)))
     M = -(-C // P)
     act, cache = (np.dtype(t) for t in draw(st.sampled_from(DTYPES)))
+    int8 = cache == np.int8
+    bounds, drawn = (np.dtype(np.float16), np.dtype(np.float32)) if int8 else (cache, cache)
     pattern = draw(st.sampled_from(("normal", "normal", "zeros", "equal", "specials")))
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
 
     def normal(shape, dtype):
         return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 
-    key_cache, key = normal((B, N, C, D), cache), normal((B, N, S, D), act)
+    key_cache, key = normal((B, N, C, D), drawn), normal((B, N, S, D), act)
     if pattern == "zeros":  # zero-filled blocks: every bound is 0, every ranking a tie
         key_cache[:], key[:] = 0, 0
     elif pattern == "equal":
         row = normal((D,), np.float32)
-        key_cache[:], key[:] = row.astype(cache), row.astype(act)
-    garbage = normal((B, N, M, D), cache)
-    query, value, value_cache = normal((B, N * G, S, D), act), normal((B, N, S, D), act), normal((B, N, C, D), cache)
+        key_cache[:], key[:] = row.astype(drawn), row.astype(act)
+    garbage = normal((B, N, M, D), bounds)
+    query, value, value_cache = normal((B, N * G, S, D), act), normal((B, N, S, D), act), normal((B, N, C, D), drawn)
     if pattern == "specials":
         for array in (query, key, value, key_cache, value_cache):
             sprinkle_specials(array, rng)
-    block_max, block_min = quest_metadata(key_cache[:, :, : max(int(past.max()), 1)], garbage, garbage.copy(),
+    # int8 caches: the drawn rows quantized, with their scales (an int8 cache's specials are its scales).
+    scales = {}
+    if int8:
+        (key_cache, scales["key_scale"]), (value_cache, scales["value_scale"]) = map(quantize_rows, (key_cache, value_cache))
+        if pattern == "specials":
+            for name in SCALES:
+                sprinkle_specials(scales[name], rng, specials=SCALE_SPECIALS)
+    held = dequantize_rows(key_cache, scales["key_scale"]) if int8 else key_cache  # the keys the cache holds
+    block_max, block_min = quest_metadata(held[:, :, : max(int(past.max()), 1)], garbage, garbage.copy(),
                                           np.zeros(B, np.int32), past, block_size=P)
     importance = None
     if draw(st.booleans()):
         importance = np.round(rng.random((B, N, M)), 1).astype(np.float32)
     return dict(
-        heads=(N * G, N), block_size=P, new_tokens=S, num_blocks=M, act=act,
+        heads=(N * G, N), block_size=P, new_tokens=S, num_blocks=M, act=act, int8=int8,
         query=query, key=key, value=value,
         key_cache=key_cache, value_cache=value_cache, block_max=block_max, block_min=block_min,
+        key_scale=scales.get("key_scale"), value_scale=scales.get("value_scale"),
         past_lens=past, total_lens=(past + valid).astype(np.int32) if explicit_total else None,
         block_importance=importance,
         select=dict(top_k=draw(st.integers(1, M + 3)), sink_blocks=draw(st.integers(0, 3)),
                     recent_blocks=draw(st.integers(0, 3)), group_reduce=draw(st.sampled_from(("mean", "max", "none"))),
                     importance_fraction=draw(st.sampled_from((0.0, 0.25, 0.5, 1.0))),
-                    score=draw(st.sampled_from(("bound", "probe"))), num_probes=draw(st.integers(1, 9))),
+                    # the probe reads float key caches only
+                    score=draw(st.sampled_from(("bound",) if int8 else ("bound", "probe"))),
+                    num_probes=draw(st.integers(1, 9))),
     )
+
+
+ATTENTION_INPUTS = ("query", "key", "value", "key_cache", "value_cache", "past_lens", "total_lens", *SCALES)
 
 
 def _metadata_args(call):
     inputs = {k: call[k] for k in ("key", "block_max", "block_min", "past_lens", "total_lens")}
-    return inputs, dict(block_size=call["block_size"])
+    return inputs, dict(block_size=call["block_size"], **(dict(key_cache_type="int8") if call["int8"] else {}))
 
 
 def _select_args(call):
@@ -124,16 +144,16 @@ def test_attention_agrees_with_the_reference(call, sparse):
         inputs, attributes = _select_args(call)
         indices = sparse_block_select(**inputs, **attributes)
     H, N = call["heads"]
-    inputs = {k: call[k] for k in ("query", "key", "value", "key_cache", "value_cache", "past_lens", "total_lens")}
+    inputs = {k: call[k] for k in ATTENTION_INPUTS}
     inputs["block_indices"] = indices
     attributes = dict(num_heads=H, kv_num_heads=N, block_size=call["block_size"])
-    output, key_cache, value_cache, importance = sparse_block_attention(**inputs, **attributes)
-    names = ("output", "key_cache_out", "value_cache_out", "block_importance")
+    names = outputs_of("SparseBlockAttention", inputs)
+    expected = dict(zip(names, sparse_block_attention(**inputs, **attributes), strict=True))
     got = run_op("SparseBlockAttention", inputs, attributes, outputs=names)
-    assert_close(got["output"], output, call["act"], "output")
-    assert_equal(got["key_cache_out"], key_cache, "key_cache_out")
-    assert_equal(got["value_cache_out"], value_cache, "value_cache_out")
-    assert_close(got["block_importance"], importance, np.float32, "block_importance")
+    assert_close(got["output"], expected["output"], call["act"], "output")
+    for name in names[1:3] + names[4:]:  # the caches, and int8 caches' scales, bit for bit
+        assert_equal(got[name], expected[name], name)
+    assert_close(got["block_importance"], expected["block_importance"], np.float32, "block_importance")
 
 
 # ---- malformed calls -------------------------------------------------------------------------
@@ -149,7 +169,7 @@ def _valid_inputs(call, op_name):
     if op_name == "SparseBlockSelect":
         return _select_args(call)
     H, N = call["heads"]
-    inputs = {k: call[k] for k in ("query", "key", "value", "key_cache", "value_cache", "past_lens", "total_lens")}
+    inputs = {k: call[k] for k in ATTENTION_INPUTS}
     select_inputs, select_attributes = _select_args(call)
     inputs["block_indices"] = sparse_block_select(**select_inputs, **select_attributes)
     return inputs, dict(num_heads=H, kv_num_heads=N, block_size=call["block_size"])
@@ -245,7 +265,9 @@ def malformed_calls(draw):
         else:
             flat[row, 0] = draw(st.sampled_from((call["num_blocks"], call["num_blocks"] + 9, -2, 2**31 - 1)))
         inputs["block_indices"], names = indices, ("block_indices",)
-    return dict(op=op_name, inputs=inputs, attributes=attributes, kind=kind, names=names)
+    # Every output the valid call has (an int8 call's scales too), so only the broken thing is wrong.
+    outputs = outputs_of(op_name, inputs)
+    return dict(op=op_name, inputs=inputs, attributes=attributes, outputs=outputs, kind=kind, names=names)
 
 
 def _run_batch(cases, tmp_path) -> list[dict]:

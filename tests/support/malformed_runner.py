@@ -22,7 +22,7 @@ def main(batch: str, results: str) -> None:
     for index, case in enumerate(cases):
         print(f"case {index}", flush=True)
         try:
-            run_op(case["op"], case["inputs"], case["attributes"], symbolic_dims=False)
+            run_op(case["op"], case["inputs"], case["attributes"], outputs=case.get("outputs"), symbolic_dims=False)
             outcomes.append({"error": None})
         except Exception as error:  # ORT reports every rejection as an exception; the message is checked
             outcomes.append({"error": f"{type(error).__name__}: {error}"})
