@@ -67,6 +67,40 @@ def test_checker_and_shape_inference(op_name, t, tc, with_optional):
         assert onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type) == types[elem], name
 
 
+@pytest.mark.parametrize("t", [F32, F16], ids=["f32", "f16"])
+def test_int8_caches_and_their_scales_check_and_infer(t):
+    """int8 caches with float16 scales: the caches' outputs are int8, the scales' float16 [B, N, C]."""
+    register_schemas()
+    B, N, C, D = 2, 2, 100, 64
+    inputs = {**_inputs(t)["SparseBlockAttention"], "key_cache": np.zeros((B, N, C, D), np.int8),
+              "value_cache": np.zeros((B, N, C, D), np.int8), "key_scale": np.zeros((B, N, C), F16),
+              "value_scale": np.zeros((B, N, C), F16)}
+    expected = {"output": ([2, 3, 512], t), "key_cache_out": ([B, N, C, D], np.int8),
+                "value_cache_out": ([B, N, C, D], np.int8), "key_scale_out": ([B, N, C], F16),
+                "value_scale_out": ([B, N, C], F16)}
+    model = op_model("SparseBlockAttention", inputs, ATTRIBUTES["SparseBlockAttention"], outputs=tuple(expected),
+                     symbolic_dims=False)
+    model = _outputs_through_identity(model)
+    check_model(model)
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    values = {v.name: v for v in inferred.graph.value_info}
+    for name, (shape, dtype) in expected.items():
+        tensor_type = values[f"{name}_op"].type.tensor_type
+        assert [d.dim_value for d in tensor_type.shape.dim] == shape, name
+        assert onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type) == np.dtype(dtype), name
+
+
+@pytest.mark.parametrize("op_name", ["QuestMetadata", "SparseBlockSelect"])
+def test_the_checker_refuses_int8_bounds(op_name):
+    """int8 is a type of SparseBlockAttention's caches only."""
+    register_schemas()
+    inputs = _inputs()[op_name]
+    inputs.update(block_max=inputs["block_max"].astype(np.int8), block_min=inputs["block_min"].astype(np.int8))
+    model = op_model(op_name, inputs, ATTRIBUTES[op_name], symbolic_dims=False)
+    with pytest.raises(Exception, match="input 'block_max' has element type int8"):
+        check_model(model)
+
+
 def _outputs_through_identity(model):
     """Route each op output through an Identity, so inference (not the graph) types the op's outputs."""
     node = model.graph.node[0]
