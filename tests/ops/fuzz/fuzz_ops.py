@@ -89,8 +89,9 @@ def _plausible_ints(fdp, name: str, shape, dims: dict, earlier: dict) -> np.ndar
     return np.resize(np.array(values or [0], dtype=np.int64), shape)
 
 
-def _tensor(fdp, tensor, dims: dict, type_vars: dict, earlier: dict):
-    """An array for `tensor`, usually agreeing with earlier dims and types, sometimes not."""
+def _tensor(fdp, tensor, dims: dict, type_vars: dict, earlier: dict, cache_types=FLOATS):
+    """An array for `tensor`, usually agreeing with earlier dims and types, sometimes not.
+    `cache_types`: what the op's TC may be (int8 too for SparseBlockAttention's caches)."""
     rank = len(tensor.dims) if fdp.ConsumeProbability() < 0.9 else fdp.ConsumeIntInRange(0, 5)
     shape = []
     for axis in range(rank):
@@ -111,17 +112,33 @@ def _tensor(fdp, tensor, dims: dict, type_vars: dict, earlier: dict):
         values = [_int(fdp, 40) * (1 if fdp.ConsumeBool() else -1) for _ in range(min(int(np.prod(shape)), 64))]
         array = np.resize(np.array(values or [0], dtype=np.int64), shape)
         return array.astype(dtype)
-    if tensor.elem == "float32":
-        dtype = np.float32 if fdp.ConsumeProbability() < 0.95 else FLOATS[1]
+    if tensor.elem in ("float32", "float16"):  # fixed types (float16: an int8 cache's scales)
+        own = np.dtype(tensor.elem).type
+        dtype = own if fdp.ConsumeProbability() < 0.95 else FLOATS[1 - FLOATS.index(own)]
     else:
         if tensor.elem not in type_vars or fdp.ConsumeProbability() < 0.05:
-            type_vars.setdefault(tensor.elem, FLOATS[fdp.ConsumeIntInRange(0, 1)])
+            types = cache_types if tensor.elem == "TC" else FLOATS
+            type_vars.setdefault(tensor.elem, types[fdp.ConsumeIntInRange(0, len(types) - 1)])
         dtype = type_vars[tensor.elem] if fdp.ConsumeProbability() < 0.95 else FOREIGN[fdp.ConsumeIntInRange(0, 3)]
     rng = np.random.default_rng(fdp.ConsumeIntInRange(0, 1000))
+    if np.dtype(dtype) == np.int8:  # an int8 cache's values: any of them
+        return rng.integers(-128, 128, shape, dtype=np.int8)
     values = rng.standard_normal(shape).astype(np.float32)
     if fdp.ConsumeProbability() > 0.9:
         values[...] = fdp.PickValueInList([0.0, float("nan"), float("inf"), -float("inf"), 65504.0])
     return values.astype(dtype)
+
+
+# An int8 cache's scales, inputs and outputs: given mostly with int8 caches (so that calls reach
+# the int8 kernels) and seldom with float ones (the refusal).
+SCALES = {"key_scale", "value_scale", "key_scale_out", "value_scale_out"}
+
+
+def _given(fdp, name: str, type_vars: dict) -> bool:
+    """Whether an optional input or output is given."""
+    if name in SCALES:
+        return fdp.ConsumeProbability() < (0.9 if type_vars.get("TC") is np.int8 else 0.1)
+    return fdp.ConsumeBool()
 
 
 def test_one_input(data: bytes) -> None:
@@ -137,12 +154,13 @@ def test_one_input(data: bytes) -> None:
     if "H" in dims and "N" in dims and fdp.ConsumeProbability() < 0.9:  # block_indices rows: per KV or query head
         dims["R"] = dims["H"] if fdp.ConsumeBool() else dims["N"]
     inputs, type_vars = {}, {}
+    cache_types = tuple(np.dtype(name).type for name in spec.type_vars()["TC"])
     for tensor in spec.inputs:
-        if tensor.optional and fdp.ConsumeBool():
+        if tensor.optional and not _given(fdp, tensor.name, type_vars):
             continue
         # (np.resize to shape () gives a NumPy scalar, which ONNX Runtime does not take as a tensor)
-        inputs[tensor.name] = np.asarray(_tensor(fdp, tensor, dims, type_vars, inputs))
-    outputs = tuple(t.name for t in spec.outputs if not t.optional or fdp.ConsumeBool())
+        inputs[tensor.name] = np.asarray(_tensor(fdp, tensor, dims, type_vars, inputs, cache_types))
+    outputs = tuple(t.name for t in spec.outputs if not t.optional or _given(fdp, t.name, type_vars))
     try:
         run_op(spec.name, inputs, attributes, outputs=outputs, symbolic_dims=False)
     except REFUSED:
