@@ -11,6 +11,7 @@ from quest_ort.graphs.functions import attach_function_bodies, expand_quest_ops
 from quest_ort.ops.reference import sparse_block_attention, sparse_block_select
 from quest_ort.runtime import make_session
 from support.cases import CASES, attention_args, make_data, select_args
+from support.driver_cases import SCALE_OUTPUTS
 from support.tolerances import assert_close, assert_equal
 
 CASE = next(c for c in CASES if c.ranks_blocks() and c.batch == 3)
@@ -64,3 +65,28 @@ def test_registered_library_takes_precedence_over_a_carried_body():
         before = native_copied_bytes()
         session.run(None, _feeds(inputs))
         assert (native_copied_bytes() > before) == copies
+
+
+INT8_CASE = next(c for c in CASES if c.int8)
+INT8_OUTPUTS = ("output", "key_cache_out", "value_cache_out", *SCALE_OUTPUTS)  # block_importance left out
+
+
+@pytest.mark.parametrize("form", ["function", "expanded"])
+def test_int8_attention_without_importance_runs_in_plain_onnx_runtime(form):
+    """An int8 node that leaves block_importance out: its scale outputs come after it, so the carried
+    function computes the importance in its place (a function's outputs have no gaps); expanded, the
+    graph keeps no node that feeds no output (ONNX Runtime would run it)."""
+    inputs, attributes = attention_args(make_data(INT8_CASE))
+    model = op_model("SparseBlockAttention", inputs, attributes, outputs=INT8_OUTPUTS)
+    model = attach_function_bodies(model) if form == "function" else expand_quest_ops(model)
+    onnx.checker.check_model(model, full_check=form == "expanded")
+    if form == "expanded":
+        used = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
+        dead = [node.op_type for node in model.graph.node if not any(name in used for name in node.output)]
+        assert not dead, f"nodes that feed no output: {dead}"
+    got = dict(zip(INT8_OUTPUTS, make_session(model, register_library=False).run(list(INT8_OUTPUTS), _feeds(inputs))))
+    expected = dict(zip(("output", "key_cache_out", "value_cache_out", "block_importance", *SCALE_OUTPUTS),
+                        sparse_block_attention(**inputs, **attributes)))
+    assert_close(got["output"], expected["output"], np.dtype(INT8_CASE.dtypes[0]), "output")
+    for name in INT8_OUTPUTS[1:]:
+        assert_equal(got[name], expected[name], name)
