@@ -84,8 +84,8 @@ def _int8_write(rows, act):
 @pytest.mark.parametrize("impl", ["kernel", "body"])
 def test_rows_quantize_into_int8_caches_as_the_reference(impl, act):
     """Each row's float16 scale (amax / 127 rounded to nearest even, ties included; 0 for tiny rows;
-    the NaN 0x7E00 for non-finite rows and past 127 * 65504) and its int8 values (x / scale rounded
-    half to even, clamped) bit for bit."""
+    the NaN 0x7E00 for non-finite rows and past 127 * 65504) and its int8 values (x times the row's
+    reciprocal 1 / scale, rounded half to even, clamped) bit for bit."""
     with np.errstate(over="ignore"):  # float16 activations hold the largest rows as inf
         inputs = _int8_write(int8_rows(), act)
     attributes = dict(num_heads=1, kv_num_heads=1, block_size=16)

@@ -26,7 +26,7 @@ def int8_rows(width: int = 8) -> np.ndarray:
     """float32 rows [R, width] at the int8 cache format's edges (docs/ops.md, int8 caches): a zero
     row; rows whose scale amax / 127 rounds to 0, to a float16 subnormal, or exactly halfway
     between two float16 values (to even: 1 + 2^-11 -> 1, 1 + 3 * 2^-11 -> 1 + 2^-9); values whose
-    x / scale lies halfway between integers (to even); amax at 127 * 65519 (the scale 65504) and
+    x * (1 / scale) lies halfway between integers (to even); amax at 127 * 65519 (the scale 65504) and
     127 * 65520 (inf: the NaN scale); a NaN, an infinity, float32 subnormals; then the rounding
     keys above as rows."""
     tie_low, tie_high = 127 * (1 + 2.0**-11), 127 * (1 + 3 * 2.0**-11)
