@@ -6,8 +6,9 @@ block_max --Cast(f32)--Where(block starts in this call, -inf, .)--ScatterElement
 block_min --Cast(f32)--Where(block starts in this call, +inf, .)--ScatterElements(axis=2, min)--Cast(TC)
 ```
 With key_cache_type 'int8' the keys are first quantized and dequantized (exactly) as the int8
-cache stores them, so the bounds hold what the attention reads. A block whose first token arrives in this call restarts from -inf/+inf, so scattering its keys
-with max/min sets it; invalid tokens carry the neutral value and change nothing. Two differences
+cache stores them (_building.quantize_rows), so the bounds hold what the attention reads. A block
+whose first token arrives in this call restarts from -inf/+inf, so scattering its keys with
+max/min sets it; invalid tokens carry the neutral value and change nothing. Two differences
 from the kernels, neither of which can change a selection: a -0 key is stored as +0, and NaN keys
 may merge differently (the kernels' max is `a > b ? a : b`).
 """

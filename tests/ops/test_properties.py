@@ -72,7 +72,8 @@ def calls(draw):
     # int8 caches: the drawn rows quantized, with their scales (an int8 cache's specials are its scales).
     scales = {}
     if int8:
-        (key_cache, scales["key_scale"]), (value_cache, scales["value_scale"]) = map(quantize_rows, (key_cache, value_cache))
+        key_cache, scales["key_scale"] = quantize_rows(key_cache)
+        value_cache, scales["value_scale"] = quantize_rows(value_cache)
         if pattern == "specials":
             for name in SCALES:
                 sprinkle_specials(scales[name], rng, specials=SCALE_SPECIALS)

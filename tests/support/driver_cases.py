@@ -33,8 +33,8 @@ def write_case(directory: pathlib.Path, op_name, inputs, attributes, case, total
     capacity = inputs["key_cache"].shape[2] if inputs.get("key_cache") is not None else case.capacity()
     indices = inputs.get("block_indices")
     rows = indices.shape[1] if indices is not None else (H if case.reduce == "none" else N)  # R of block_indices
-    fields = dict(op=op_name, T=case.dtypes[0], TC=storage.dtype.name, B=case.batch, H=H, N=N, R=rows, S=case.new_tokens,
-                  D=case.head_dim, M=case.num_blocks(), C=capacity, P=case.block_size,
+    fields = dict(op=op_name, T=case.dtypes[0], TC=storage.dtype.name, B=case.batch, H=H, N=N, R=rows,
+                  S=case.new_tokens, D=case.head_dim, M=case.num_blocks(), C=capacity, P=case.block_size,
                   K=0 if inputs.get("block_indices") is None and op_name == "SparseBlockAttention" else case.k(),
                   sink_blocks=case.sink, recent_blocks=case.recent, group_reduce=case.reduce,
                   importance_fraction=attributes.get("importance_fraction", 0.0),
