@@ -2,6 +2,7 @@
 
     export-sparse qwen3 --k 32                       # the embedded default Qwen3, random weights
     export-sparse llama --model path/to/SmolLM2.gguf --k 32 --kv-dtype float16
+    export-sparse llama --model path/to/SmolLM2.gguf --k 32 --weights int4   # 4-bit MatMul weights
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 
 from ..export.families import FAMILIES
 from ..export.rewrite import ExportError, SparseSettings
-from ..model_folder.settings import attribute_range_problem
+from ..model_folder.settings import WEIGHT_TYPES, attribute_range_problem
 from ..ops.schemas import INT32_MAX, SPARSE_BLOCK_SELECT
 
 _DEFAULT = SparseSettings(top_k=1)  # the option defaults are the settings' own (one source of truth)
@@ -101,6 +102,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bounds-dtype", choices=("float16", "float32"), default=None,
                    help="storage type of the block bounds (default float16, rounded outward so they still bound "
                    "every key: half the bytes a decode step's selection reads; with --score probe, the KV dtype)")
+    p.add_argument("--weights", choices=WEIGHT_TYPES, default=_DEFAULT.weights,
+                   help=f"MatMul weights (q/k/v/o and MLP projections, LM head): '{_DEFAULT.weights}' (default) keeps the "
+                   "source's; 'int8' or 'int4' quantizes them with ONNX Runtime's MatMulNBitsQuantizer (com.microsoft."
+                   "MatMulNBits, symmetric blocks of 32) after the rewrite, and the validation bounds the logit drift "
+                   "against the float source (the embedding stays float)")
     p.add_argument("--attention", choices=("quest", "gqa"), default="quest",
                    help="quest (default), or gqa: the dense baseline with ONNX Runtime's GroupQueryAttention "
                    "over the same in-place caches and I/O, for side-by-side comparisons")
@@ -124,7 +130,7 @@ def main(argv=None) -> int:
         top_k=args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,
         group_reduce=args.group_reduce, importance_fraction=args.importance_fraction,
         dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, bounds_dtype=args.bounds_dtype, attention=args.attention,
-        score=args.score, num_probes=args.num_probes, portable=args.portable,
+        score=args.score, num_probes=args.num_probes, portable=args.portable, weights=args.weights,
     )
     output = args.output or pathlib.Path(f"{args.family}-{args.attention}-k{args.k}")
     try:
@@ -144,6 +150,12 @@ def main(argv=None) -> int:
           f"dense {counts['dense_layers']}")
     if report.validation_max_abs_diff is not None:
         print(f"validation: max |logit difference| vs the optimum graph = {report.validation_max_abs_diff:.2e}")
+    if report.quantized is not None:
+        print(f"weights: {len(report.quantized.matmuls)} MatMul weights quantized to {report.quantized.weights}")
+    if report.weight_drift is not None:
+        drift = report.weight_drift
+        print(f"validation of the {drift.weights} weights: relative logit error vs the float source = "
+              f"{drift.relative_error:.3f} (tolerance {drift.tolerance:g}), max |logit difference| {drift.max_abs_diff:.3g}")
     print(f"wrote {report.output} in {report.seconds:.1f}s")
     return 0
 

@@ -4,8 +4,10 @@ Both entry points run one skeleton; only how the source graph is obtained differ
 ```
 export_sparse: build or load the checkpoint -> optimum export --.
 rewrite_onnx:  check and load the .onnx file -------------------+-> rewrite attention -> save (checked)
-                                                                    -> validate against the source -> place
+      -> validate against the source [-> quantize the weights -> validate their drift] -> place
 ```
+(the bracketed steps with `settings.weights` int8 or int4: the float folder is validated exactly,
+then quantized in place; only the quantized files reach the output)
 Each long step is announced; nothing is written to the output folder unless every step succeeds
 (the work happens in a temporary folder next to it and is moved into place at the end).
 """
@@ -19,12 +21,13 @@ import time
 from typing import Callable
 
 from ..export.families import FAMILIES, build_default_model, load_checkpoint, read_config
+from ..export.quantize import BLOCK_SIZE, QuantizedWeights, quantize_folder
 from ..export.rewrite import ExportError, SparseSettings, geometry_from_graph, rewrite_attention
 from ..export.steps import (eos_ids, fit_dense_layers, geometry_from_config, optimum_export, place, prepare_output,
                             save_folder)
 from ..model_folder.safety import check_external_data
 from ..model_folder.settings import Geometry
-from .validate import validate_export
+from .validate import WeightDrift, validate_export, validate_weights
 
 
 @dataclasses.dataclass
@@ -33,6 +36,8 @@ class ExportReport:
     counts: dict
     validation_max_abs_diff: float | None
     seconds: float
+    quantized: QuantizedWeights | None = None  # with --weights int8 or int4
+    weight_drift: WeightDrift | None = None  # their validation
 
 
 class Progress:
@@ -110,7 +115,7 @@ def export_sparse(
                        int(config["vocab_size"]), checkpoint)
 
     inputs = [pathlib.Path(model)] if model and pathlib.Path(model).exists() else []
-    return _export(source, 2, "the optimum model", output, inputs, overwrite, validate, log)
+    return _export(source, 2, "the optimum model", output, inputs, overwrite, validate, settings.weights, log)
 
 
 def rewrite_onnx(
@@ -140,16 +145,18 @@ def rewrite_onnx(
         return _Source(onnx_model, model_path, geometry, fit_dense_layers(settings, geometry), "onnx",
                        str(model_path), capacity, None, model_path.parent)
 
-    return _export(source, 1, model_path.name, output, [model_path], overwrite, validate, log)
+    return _export(source, 1, model_path.name, output, [model_path], overwrite, validate, settings.weights, log)
 
 
 def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: int, reference: str,
-            output: pathlib.Path, inputs: list[pathlib.Path], overwrite: bool, validate: bool, log) -> ExportReport:
+            output: pathlib.Path, inputs: list[pathlib.Path], overwrite: bool, validate: bool, weights: str,
+            log) -> ExportReport:
     """The skeleton both entry points share: `source` announces its `source_steps` steps and returns
-    the graph; `reference` names that graph in the validation step."""
+    the graph; `reference` names that graph in the validation step; `weights` is the settings'."""
     output = prepare_output(output, overwrite, inputs)
     begin = time.perf_counter()
-    progress = Progress(source_steps + 2 + bool(validate), log)
+    quantize = weights != "float"
+    progress = Progress(source_steps + 2 + bool(validate) + quantize * (1 + bool(validate)), log)
     with tempfile.TemporaryDirectory(prefix=".quest-export-", dir=output.parent) as work_name:
         work = pathlib.Path(work_name)
         graph = source(work, progress)
@@ -157,15 +164,25 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
         counts = rewrite_attention(graph.model, graph.settings, graph.geometry, capacity=graph.capacity)
         vocab = graph.vocab if graph.vocab is not None else _logits_vocab(graph.model)
         progress.step("checking and saving")
-        staged, _ = save_folder(graph.model, work, counts, graph.geometry, graph.settings, graph.family, graph.description,
-                                graph.capacity, vocab, eos=eos_ids(graph.folder), tokenizer_from=graph.folder)
-        difference = None
+        # saved float first (the rewrite is validated exactly), quantized below
+        float_settings = dataclasses.replace(graph.settings, weights="float")
+        staged, _ = save_folder(graph.model, work, counts, graph.geometry, float_settings, graph.family,
+                                graph.description, graph.capacity, vocab, eos=eos_ids(graph.folder),
+                                tokenizer_from=graph.folder)
+        difference = quantized = drift = None
         if validate:
             progress.step(f"validating against {reference}")
             difference = validate_export(graph.path, staged)
+        if quantize:
+            progress.step(f"quantizing the MatMul weights to {weights} (ONNX Runtime's MatMulNBits, "
+                          f"blocks of {BLOCK_SIZE})")
+            quantized = quantize_folder(staged, weights)
+            if validate:
+                progress.step(f"measuring the logit drift of the {weights} weights against {reference}")
+                drift = validate_weights(graph.path, staged)
         progress.done()
         place(staged, output)
-    return ExportReport(output, counts, difference, time.perf_counter() - begin)
+    return ExportReport(output, counts, difference, time.perf_counter() - begin, quantized, drift)
 
 
 def _logits_vocab(onnx_model) -> int:

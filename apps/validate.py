@@ -9,11 +9,17 @@ Quest graph are run on the same tokens, step by step:
 - the same prompt prefilled sparsely (each prompt token selects, all blocks fit): compared;
 - a longer prompt, past the budget where the capacity allows: its exact prefill compared, then a
   few sparse decode steps that need only be finite (exactness is not expected there).
+
+A folder with quantized weights (`export-sparse --weights int8|int4`) cannot be exact: on the same
+comparisons its drift from the float source is measured as the relative logit error, and bounded
+by WEIGHT_TOLERANCES (the float graph it was quantized from is validated as above first).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
+from typing import Iterator
 
 import numpy as np
 
@@ -82,19 +88,25 @@ def plan(covered: int, capacity: int) -> list[tuple[int, int, bool]]:
 # row's largest magnitude: 0.024 measured on the default qwen3 model).
 LOGIT_TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "int8": 1e-1}
 
+# The largest relative logit error (LogitErrorSum) a folder with quantized weights may show against
+# its float source on validate_export's comparisons. Measured with export/quantize.py's settings
+# (docs/export.md): int8 0.016-0.025 on the families' default models, 0.039 on
+# Qwen2.5-Coder-0.5B-Instruct, 0.13 on SmolLM2-135M-Instruct; int4 0.23-0.32, 0.47 and 0.93
+# (SmolLM2's 30 narrow layers amplify the weights' rounding most). The bounds keep about twice the
+# worst for int8 and a quarter more for int4, below the 1.41 of logits unrelated to the float ones.
+WEIGHT_TOLERANCES = {"int8": 0.25, "int4": 1.2}
 
-def validate_export(source: pathlib.Path, staged: pathlib.Path) -> float:
-    """Max |logit difference| where the Quest graph must equal the source graph; raises ExportError
-    on a mismatch there, or on non-finite logits past the budget."""
-    quest = QuestModel(staged, threads=1)
+
+def _comparisons(source: pathlib.Path, quest: QuestModel) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(where, the Quest graph's logits, the source graph's) at every step where the budget covers
+    the context, the plan's steps run on both graphs; raises ExportError on non-finite logits
+    past the budget."""
     sidecar = quest.sidecar
     sparse = sidecar.settings.attention == "quest" and sidecar.sparse_layers
     capacity = sidecar.capacity
     covered = sidecar.settings.top_k * sidecar.settings.block_size if sparse else capacity
-    tolerance = LOGIT_TOLERANCE[sidecar.settings.kv_dtype]
     source_runner = SourceRunner(source)
     rng = np.random.default_rng(0)
-    worst = 0.0
     for prompt, decode, exact in plan(covered, capacity):
         source_runner.reset()
         cache = quest.new_cache(1, capacity=prompt + decode)
@@ -106,11 +118,76 @@ def validate_export(source: pathlib.Path, staged: pathlib.Path) -> float:
             where = (f"{'the exact' if exact else 'the sparse'} prefill of a {prompt}-token prompt" if index == 0
                      else f"decode step {index} after a {prompt}-token prompt")
             if (index == 0 and exact) or int(cache.lengths[0]) <= covered:
-                difference = float(np.abs(got - expected).max())
-                if not difference <= tolerance * max(float(np.abs(expected).max()), 1.0):
-                    raise ExportError(f"validation failed: the Quest graph's logits differ from the source graph's "
-                                      f"by {difference:.3g} at {where}, where the budget covers the context")
-                worst = max(worst, difference)
+                yield where, got, expected
             elif not np.isfinite(got).all():
                 raise ExportError(f"validation failed: the Quest graph's logits are not finite at {where}")
+
+
+def validate_export(source: pathlib.Path, staged: pathlib.Path) -> float:
+    """Max |logit difference| where the Quest graph must equal the source graph; raises ExportError
+    on a mismatch there, or on non-finite logits past the budget."""
+    quest = QuestModel(staged, threads=1)
+    tolerance = LOGIT_TOLERANCE[quest.sidecar.settings.kv_dtype]
+    worst = 0.0
+    for where, got, expected in _comparisons(source, quest):
+        difference = float(np.abs(got - expected).max())
+        if not difference <= tolerance * max(float(np.abs(expected).max()), 1.0):
+            raise ExportError(f"validation failed: the Quest graph's logits differ from the source graph's "
+                              f"by {difference:.3g} at {where}, where the budget covers the context")
+        worst = max(worst, difference)
     return worst
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightDrift:
+    """How far a folder with quantized weights moves the logits from its float source."""
+
+    weights: str  # "int8" or "int4"
+    relative_error: float  # relative_logit_error over every comparison
+    tolerance: float  # WEIGHT_TOLERANCES[weights]
+    max_abs_diff: float  # the largest |logit difference|, for scale
+
+
+class LogitErrorSum:
+    """relative_logit_error accumulated over several logit arrays [..., vocab]: the RMS of the
+    differences over the RMS spread of the expected logits around their mean at each position. 0:
+    equal; 1: as far as logits constant over the vocabulary; about 1.4: unrelated logits of the
+    same spread. Scale-free, so one bound serves models whose logits span 2 or 30."""
+
+    def __init__(self):
+        self.squared_error, self.squared_spread = 0.0, 0.0
+
+    def add(self, got: np.ndarray, expected: np.ndarray) -> None:
+        got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+        self.squared_error += float(np.square(got - expected).sum())
+        self.squared_spread += float(np.square(expected - expected.mean(axis=-1, keepdims=True)).sum())
+
+    @property
+    def value(self) -> float:
+        return float(np.sqrt(self.squared_error / self.squared_spread)) if self.squared_spread else float("inf")
+
+
+def relative_logit_error(got, expected) -> float:
+    """LogitErrorSum's measure of one pair of logit arrays."""
+    total = LogitErrorSum()
+    total.add(got, expected)
+    return total.value
+
+
+def validate_weights(source: pathlib.Path, staged: pathlib.Path) -> WeightDrift:
+    """The drift of a folder with quantized weights from its float source graph on validate_export's
+    comparisons; raises ExportError when it passes WEIGHT_TOLERANCES (or on non-finite logits)."""
+    quest = QuestModel(staged, threads=1)
+    weights = quest.sidecar.settings.weights
+    total, largest = LogitErrorSum(), 0.0
+    for where, got, expected in _comparisons(source, quest):
+        if not np.isfinite(got).all():
+            raise ExportError(f"validation failed: with {weights} weights the logits are not finite at {where}")
+        total.add(got, expected)
+        largest = max(largest, float(np.abs(got - expected).max()))
+    drift = WeightDrift(weights, total.value, WEIGHT_TOLERANCES[weights], largest)
+    if not drift.relative_error <= drift.tolerance:
+        raise ExportError(f"validation failed: {weights} weights move the logits by a relative error of "
+                          f"{drift.relative_error:.3g} from the float source graph's, above the {weights} tolerance "
+                          f"{drift.tolerance:g} (apps/validate.py WEIGHT_TOLERANCES); export with a wider type")
+    return drift

@@ -5,7 +5,8 @@ paired with the wrong layer or role binds two caches crosswise, a wrong block si
 caches the graph reads differently. Here every field that describes the graph is compared with
 the graph: the names the runtime feeds and reads, which past input each present output updates
 (per layer and role), the caches' element types and static dims, and the Quest attributes of the
-graph's SparseBlockAttention / SparseBlockSelect / QuestMetadata (or GroupQueryAttention) nodes.
+graph's SparseBlockAttention / SparseBlockSelect / QuestMetadata (or GroupQueryAttention) nodes,
+and quantized weights: MatMulNBits nodes of the recorded bits, no float MatMul weight left.
 The first disagreement raises ModelFolderError, one line naming both files, the field and both
 values.
 
@@ -21,6 +22,7 @@ import dataclasses
 import numpy as np
 import onnx
 
+from .settings import WEIGHT_BITS
 from .sidecar import LayerIO, ModelFolderError, Sidecar
 from ..ops.schemas import DOMAIN, OPS_BY_NAME
 
@@ -59,6 +61,17 @@ _CARRIERS = {"Identity": (0,), "Cast": (0,), "CastLike": (0,), "Slice": (0,), "S
 # The element types a cache may have (lengths and token ids are integers of other widths).
 _CACHE_ELEMS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE,
                 onnx.TensorProto.INT8)
+# The element types of a float weight, which `export-sparse --weights int8|int4` quantizes.
+_FLOAT_ELEMS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
+_MATMUL_NBITS = ("com.microsoft", "MatMulNBits")
+
+
+def float_weight_matmuls(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The standard MatMul nodes of `graph` whose weight (input B) is a float initializer: what
+    `export-sparse --weights int8|int4` quantizes, and what a folder it quantized may not hold."""
+    types = {tensor.name: tensor.data_type for tensor in graph.initializer}
+    return [node for node in graph.node
+            if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and types.get(node.input[1]) in _FLOAT_ELEMS]
 
 
 @dataclasses.dataclass
@@ -114,6 +127,7 @@ class _Checker:
         self.inputs = {i.name: _value(i) for i in graph.input if i.name not in initializers}
         self.outputs = {o.name: _value(o) for o in graph.output}
         self.nodes = list(graph.node)
+        self.graph = graph
         self.producer = {name: node for node in self.nodes for name in node.output if name}
         self.layers: list[_Layer] = []  # the graph's layers, when its attention is op nodes
 
@@ -145,6 +159,7 @@ class _Checker:
             self.check_pairs()
         self.check_io()
         self.check_attributes(quest + gqa)
+        self.check_weights()
 
     # -- layers: names by role, read from the nodes' slots -----------------------------------------
 
@@ -305,6 +320,27 @@ class _Checker:
                 if not _same(expected, found):
                     where = f" (layer {layer_of[id(node)]})" if id(node) in layer_of else ""
                     self.disagree(name, expected, f"{node.op_type} node {node.name!r}{where} has {name} = {found!r}")
+
+    # -- quantized weights -----------------------------------------------------------------------------
+
+    def check_weights(self) -> None:
+        """A folder quantized by the exporter holds MatMulNBits nodes of its bits and no MatMul whose
+        weight is a float initializer (the quantizer replaces each). "float" says nothing more: the
+        weights are as the source had them, which may be quantized already."""
+        weights = self.s.settings.weights
+        if weights not in WEIGHT_BITS:
+            return
+        # MatMulNBits' bits: 4 where the attribute is left out (its schema's default)
+        bits = {n.name: _attribute(n, "bits", 4) for n in self.nodes if (n.domain, n.op_type) == _MATMUL_NBITS}
+        if not bits:
+            self.disagree("weights", weights, "there is no MatMulNBits node")
+        other = next((name for name, found in bits.items() if found != WEIGHT_BITS[weights]), None)
+        if other is not None:
+            self.disagree("weights", weights, f"MatMulNBits node {other!r} has bits = {bits[other]}")
+        left = float_weight_matmuls(self.graph)
+        if left:
+            self.disagree("weights", weights, f"MatMul node {left[0].name!r} multiplies by the float initializer "
+                          f"{left[0].input[1]!r}")
 
 
 def check_sidecar_against_graph(sidecar: Sidecar, model: onnx.ModelProto, sidecar_path, model_path, *,

@@ -13,6 +13,10 @@ from ..ops.schemas import SPARSE_BLOCK_SELECT
 # The settings that become SparseBlockSelect attributes (same names): their ranges are the op schema's,
 # and an int attribute must fit in int32, so a bad value is refused here rather than by the checker.
 ATTRIBUTE_SETTINGS = ("top_k", "block_size", "sink_blocks", "recent_blocks", "importance_fraction", "num_probes")
+# How the MatMul weights are stored: as the source has them ("float"), or quantized by the exporter
+# into com.microsoft.MatMulNBits nodes of these bits (export/quantize.py).
+WEIGHT_BITS = {"int8": 8, "int4": 4}
+WEIGHT_TYPES = ("float", *WEIGHT_BITS)
 
 
 def attribute_range_problem(name: str, value) -> str | None:
@@ -46,12 +50,15 @@ class SparseSettings:
     # Carry every layer's accumulated attention mass per block (past/present_block_importance.l)
     # into SparseBlockSelect; on by default when importance_fraction > 0.
     track_importance: bool | None = None
+    weights: str = "float"  # one of WEIGHT_TYPES
 
     def __post_init__(self):
         for name in ATTRIBUTE_SETTINGS:
             problem = attribute_range_problem(name, getattr(self, name))
             if problem:
                 raise ValueError(f"{name} {problem}")
+        if self.weights not in WEIGHT_TYPES:
+            raise ValueError(f"weights must be one of {list(WEIGHT_TYPES)}, got {self.weights!r}")
 
     @property
     def importance(self) -> bool:

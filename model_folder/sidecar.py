@@ -3,6 +3,9 @@
 Written by `export-sparse`, read by `quest_ort.runtime`. Version it when the layout changes. In
 Python a sidecar is composed of the folder's Geometry and SparseSettings (model_folder/settings.py);
 its JSON keeps their fields flat beside the others (the layout of format quest_ort.model/1).
+Fields added to format 1 since have defaults that say what their absence means; `weights` is
+written only when it is not "float", so a float export's JSON is format 1's, bytes and all, for
+readers that predate the field.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 import pathlib
 
 from ..ops.schemas import CACHE_TYPES, FLOAT_TYPES, SPARSE_BLOCK_SELECT
-from .settings import Geometry, SparseSettings
+from .settings import WEIGHT_TYPES, Geometry, SparseSettings
 
 SIDECAR_NAME = "quest_model.json"
 FORMAT = "quest_ort.model/1"
@@ -64,15 +67,18 @@ _SETTINGS_FIELDS = tuple(f.name for f in dataclasses.fields(SparseSettings) if f
 _JSON_KEYS = ("model_file", "family", "source", "num_layers", "num_heads", "kv_num_heads", "head_dim", "vocab_size",
               "activation_dtype", "kv_dtype", "capacity", "block_size", "top_k", "sink_blocks", "recent_blocks",
               "group_reduce", "importance_fraction", "sparse_layers", "dense_layers", "layers", "inputs", "outputs",
-              "eos_token_ids", "tokenizer", "attention", "score", "num_probes", "portable", "bounds_dtype", "exporter",
-              "format")
+              "eos_token_ids", "tokenizer", "attention", "score", "num_probes", "portable", "bounds_dtype", "weights",
+              "exporter", "format")
 # Fields older exports lack, and the values they mean there.
 _JSON_DEFAULTS = {
     "inputs": lambda: {"input_ids": "input_ids", "past_lens": "past_lens", "total_lens": "total_lens"},
     "outputs": lambda: {"logits": "logits"},
     "eos_token_ids": list, "tokenizer": lambda: None, "attention": lambda: "quest", "score": lambda: "bound",
     "num_probes": lambda: 8, "portable": lambda: False, "bounds_dtype": lambda: None, "exporter": dict,
+    "weights": lambda: "float",
 }
+# Fields left out of the JSON when they hold their default (their absence says it).
+_WRITTEN_UNLESS_DEFAULT = ("weights",)
 
 
 @dataclasses.dataclass
@@ -108,7 +114,8 @@ class Sidecar:
         fields["dense_layers"] = list(self.settings.dense_layers)
         fields["layers"] = [{name: value for name, value in dataclasses.asdict(layer).items()
                              if value is not None or name not in SCALE_FIELDS} for layer in self.layers]
-        return {key: fields[key] for key in _JSON_KEYS}
+        return {key: fields[key] for key in _JSON_KEYS
+                if key not in _WRITTEN_UNLESS_DEFAULT or fields[key] != _JSON_DEFAULTS[key]()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -209,7 +216,7 @@ def _check_fields(data: dict, problem) -> None:
             raise problem(field, why)
     if data["num_heads"] % data["kv_num_heads"]:
         raise problem("num_heads", f"= {data['num_heads']} is not a multiple of kv_num_heads = {data['kv_num_heads']}")
-    for field, choices in {**_CHOICES, "bounds_dtype": (None, *FLOAT_TYPES)}.items():
+    for field, choices in {**_CHOICES, "bounds_dtype": (None, *FLOAT_TYPES), "weights": WEIGHT_TYPES}.items():
         if data[field] not in choices:
             raise problem(field, f"must be one of {list(choices)}, got {data[field]!r}")
     for field in _STRING_FIELDS:

@@ -1,0 +1,100 @@
+"""Quantized weights for a saved model folder: its MatMul weights into com.microsoft.MatMulNBits, by ONNX Runtime's own quantizer.
+
+`export-sparse --weights int8|int4` runs this after the attention rewrite, on the saved float folder
+that was validated exactly against the source: a rewrite error and the quantization's drift are
+measured apart. (The rules would match a graph quantized first too: they start at the rotated
+query, and what produces q, k and v is read, not matched. The attention's own MatMuls, Q.K^T and
+P.V, multiply activations, so they are never quantized.)
+
+Which weights: every MatMul whose weight is a constant float matrix. In the exported LLMs those are
+the q/k/v/o projections, the MLP's gate/up/down and the LM head (which keeps its own transposed copy
+of a tied embedding); the embedding is a Gather and stays float. How (measured in docs/export.md):
+round to nearest in blocks of 32 along K, symmetric (no zero points), with accuracy level 4
+(MatMulNBits quantizes the activations to int8 per block and multiplies in integers): ONNX
+Runtime's fast CPU path, where int8 weights decoded SmolLM2 about 20 times and int4 about twice as
+fast as at level 0 (float activations). Asymmetric blocks lose far more on GGUF sources, whose
+weights already lie on a 4-bit grid that a rounded zero point shifts; HQQ's float zero points keep
+more but run on MatMulNBits' slow path, slower than float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import pathlib
+
+from ..model_folder.folder_check import float_weight_matmuls
+from ..model_folder.settings import WEIGHT_BITS
+from ..model_folder.sidecar import Sidecar
+from .rewrite import ExportError
+
+BLOCK_SIZE = 32  # weights per scale along K (MatMulNBits' block_size; 16 and up, a power of 2)
+ACCURACY_LEVEL = 4  # MatMulNBits' accuracy_level: int8 activations, integer products
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeights:
+    weights: str  # "int8" or "int4"
+    matmuls: tuple[str, ...]  # the MatMul nodes whose weights became MatMulNBits
+
+
+@contextlib.contextmanager
+def _quiet_quantizer():
+    """ONNX Runtime's matmul_nbits_quantizer calls logging.basicConfig(level=INFO) on import (a
+    root handler that would print every library's INFO records from then on) and logs two lines per
+    node: the root logger is put back as it was, and the quantizer's INFO lines are dropped."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    quantizer_log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    quantizer_level = quantizer_log.level
+    try:
+        from onnxruntime.quantization import matmul_nbits_quantizer
+    finally:
+        for handler in set(root.handlers) - set(handlers):
+            root.removeHandler(handler)
+        root.setLevel(level)
+    quantizer_log.setLevel(logging.WARNING)
+    try:
+        yield matmul_nbits_quantizer
+    finally:
+        quantizer_log.setLevel(quantizer_level)
+
+
+def quantize_folder(folder: pathlib.Path, weights: str) -> QuantizedWeights:
+    """Quantize the MatMul weights of the float model folder `folder` to `weights` ("int8" or
+    "int4") in place: its model and data files are rewritten holding MatMulNBits nodes, and its
+    sidecar records the weight type."""
+    import onnx
+    import onnx_ir as ir
+
+    from .steps import check_model_path
+
+    if weights not in WEIGHT_BITS:
+        raise ExportError(f"weights must be one of {list(WEIGHT_BITS)} to quantize, got {weights!r}")
+    sidecar = Sidecar.read(folder)
+    if sidecar.settings.weights != "float":
+        raise ExportError(f"{folder} holds {sidecar.settings.weights} weights already")
+    path = folder / sidecar.model_file
+    model = onnx.load(str(path))  # its external data too: the files are rewritten below
+    matmuls = tuple(node.name for node in float_weight_matmuls(model.graph))
+    if not matmuls:
+        raise ExportError(f"--weights {weights}: the graph has no MatMul with a float weight to quantize")
+    with _quiet_quantizer() as quantizer_module:
+        config = quantizer_module.DefaultWeightOnlyQuantConfig(
+            block_size=BLOCK_SIZE, is_symmetric=True, bits=WEIGHT_BITS[weights], accuracy_level=ACCURACY_LEVEL)
+        quantizer = quantizer_module.MatMulNBitsQuantizer(model, algo_config=config)
+        quantizer.process()
+    quantized = quantizer.model.model
+    left = float_weight_matmuls(quantized.graph)
+    if left:  # the quantizer skips what it cannot pack (a batched weight); a float copy would stay
+        raise ExportError(f"--weights {weights}: ONNX Runtime's quantizer left {len(left)} MatMul weights in float "
+                          f"(first: node {left[0].name!r}, weight {left[0].input[1]!r})")
+    data = pathlib.Path(str(path) + ".data")
+    for old in (path, data):
+        old.unlink(missing_ok=True)
+    ir.save(ir.serde.deserialize_model(quantized), path, external_data=data.name)
+    check_model_path(path)
+    sidecar.settings = dataclasses.replace(sidecar.settings, weights=weights)
+    sidecar.write(folder)
+    return QuantizedWeights(weights, matmuls)
