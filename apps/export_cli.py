@@ -132,7 +132,7 @@ def main(argv=None) -> int:
             if not args.model:
                 parser().error("family onnx needs --model path/to/model.onnx")
             report = rewrite_onnx(pathlib.Path(args.model), output=output, settings=settings,
-                                  capacity=args.capacity or 8192, overwrite=args.overwrite, validate=not args.no_validate)
+                                  capacity=args.capacity, overwrite=args.overwrite, validate=not args.no_validate)
         else:
             report = export_sparse(args.family, output=output, settings=settings, model=args.model,
                                    capacity=args.capacity, overwrite=args.overwrite, validate=not args.no_validate)

@@ -169,4 +169,11 @@ class GenaiGroupQueryAttention(pattern.RewriteRuleClassBase):
             op, self._layer, self.name, q, k, v, inputs[3], inputs[4], self._scale, softcap=self._softcap)
         node = self._node
         self.context.replaced_presents[self._layer] = ((node.outputs[1], key_out), (node.outputs[2], value_out))
+        # The new caches are graph outputs at once, not after the rewriter's pass: its dead-code
+        # removal would drop the layer's new nodes where the attention output reaches no graph
+        # output, yet the caches it writes are outputs all the same.
+        outputs = self.context.graph.outputs
+        for old, new in ((node.outputs[1], key_out), (node.outputs[2], value_out)):
+            if old.is_graph_output():
+                outputs[list(outputs).index(old)] = new
         return output
