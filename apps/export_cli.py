@@ -143,7 +143,8 @@ def main(argv=None) -> int:
     print(f"rewrote {len(counts['layers'])} attention layers: sparse {counts['sparse_layers']}, "
           f"dense {counts['dense_layers']}")
     if report.validation_max_abs_diff is not None:
-        print(f"validation: max |logit difference| vs the optimum graph = {report.validation_max_abs_diff:.2e}")
+        source = "the input graph" if args.family == "onnx" else "the optimum graph"
+        print(f"validation: max |logit difference| vs {source} = {report.validation_max_abs_diff:.2e}")
     print(f"wrote {report.output} in {report.seconds:.1f}s")
     return 0
 

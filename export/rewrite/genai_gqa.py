@@ -146,6 +146,12 @@ class GenaiGroupQueryAttention(pattern.RewriteRuleClassBase):
                 if shape is None or shape.rank() != 2 or shape[1] != g.head_dim // 2 or g.head_dim % 2:
                     return (f"{where}: input {CONTRACT.inputs[index]!r} has shape {shape}; the rotary must "
                             f"cover the whole head, [max_positions, {g.head_dim // 2}] (partial rotary is refused)")
+                # GQA reads the angles of positions up to the context; the rewrite gathers rows
+                # past_lens + i, so every position the capacity holds needs its row.
+                if not isinstance(shape[0], int) or shape[0] < probe.capacity:
+                    return (f"{where}: input {CONTRACT.inputs[index]!r} holds the angles of {shape[0]} positions, "
+                            f"fewer than the capacity of {probe.capacity} tokens (export with a capacity of at "
+                            f"most {shape[0]})")
         return None
 
     def rewrite(self, op, query, **_):
