@@ -3,7 +3,7 @@
 Run with the Python of the builder's own environment (build/genai-venv, `make test-genai` makes it:
 the builder needs transformers 5.x, the project's .venv has 4.57), never imported by the tests:
 
-    build/genai-venv/bin/python tests/export/genai_builder_model.py OUT --family llama [--precision int4]
+    build/genai-venv/bin/python tests/export/genai_builder_model.py OUT --family llama [--accuracy-level 1]
 
 writes OUT/hf (config, random weights, a word-level tokenizer built here: no hub download) and
 OUT/onnx (the builder's model.onnx, its data and genai_config.json). Weights are drawn with a wide
@@ -26,7 +26,7 @@ FAMILIES = {
     "qwen2": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"]),
     "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=32),
 }
-GEOMETRY = dict(vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+GEOMETRY = dict(vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0,
                 tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.2,
                 torch_dtype="float32")
@@ -64,13 +64,16 @@ def main() -> None:
     parser.add_argument("out", type=pathlib.Path)
     parser.add_argument("--family", choices=sorted(FAMILIES), default="llama")
     parser.add_argument("--precision", default="int4", choices=["int4", "fp32"])
+    parser.add_argument("--accuracy-level", type=int, choices=range(5), default=None,
+                        help="MatMulNBits' accuracy_level (the builder's default on CPU: 4, int8 activations)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     hf, onnx_dir = args.out / "hf", args.out / "onnx"
     write_checkpoint(hf, args.family, args.seed)
     # The builder as a user runs it; its cache folder stays inside OUT (nothing is downloaded).
+    extra = [] if args.accuracy_level is None else ["--extra_options", f"accuracy_level={args.accuracy_level}"]
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(onnx_dir),
-                    "-p", args.precision, "-e", "cpu", "-c", str(args.out / "cache")], check=True)
+                    "-p", args.precision, "-e", "cpu", "-c", str(args.out / "cache"), *extra], check=True)
     config = json.loads((onnx_dir / "genai_config.json").read_text())
     print(json.dumps(config["model"]["decoder"], indent=1)[:2000])
 
