@@ -131,7 +131,8 @@ test-real-weights: install
 # this was written); it converts small random-weight llama / qwen2 / qwen3 checkpoints made locally
 # (no hub download) into build/genai/<family>/onnx (the builder's CPU default: MatMulNBits
 # accuracy_level 4, int8 activations) and build/genai/<family>-accuracy1/onnx (float activations, where
-# greedy tokens are exact), then the tests compare the Quest model with the builder model in plain
+# greedy tokens are exact), and build/genai/llama-int8kv (an int8 KV cache, which the export
+# refuses), then the tests compare the Quest model with the builder model in plain
 # ONNX Runtime (tests/export/test_export_genai.py).
 GENAI_VENV := build/genai-venv
 GENAI_FAMILIES := llama qwen2 qwen3
@@ -148,6 +149,8 @@ test-genai: install $(GENAI_VENV)/.deps-installed
 	  $(GENAI_VENV)/bin/python tests/export/genai_builder_model.py build/genai/$$name --family $$family \
 	    $$([ $$level = default ] || echo --accuracy-level $$level) > build/genai/$$name.log 2>&1 \
 	    || { tail -20 build/genai/$$name.log; exit 1; }; done; done
+	$(GENAI_VENV)/bin/python tests/export/genai_builder_model.py build/genai/llama-int8kv --family llama --int8-kv \
+	  > build/genai/llama-int8kv.log 2>&1 || { tail -20 build/genai/llama-int8kv.log; exit 1; }
 	QUEST_ORT_GENAI_MODELS=$(abspath build/genai) $(PYTEST) -q -m genai tests/export/test_export_genai.py
 
 # Benchmarks against ONNX Runtime's GroupQueryAttention (about 20 minutes, ~16 GB of RAM): the

@@ -3,7 +3,7 @@
 Run with the Python of the builder's own environment (build/genai-venv, `make test-genai` makes it:
 the builder needs transformers 5.x, the project's .venv has 4.57), never imported by the tests:
 
-    build/genai-venv/bin/python tests/export/genai_builder_model.py OUT --family llama [--accuracy-level 1]
+    build/genai-venv/bin/python tests/export/genai_builder_model.py OUT --family llama [--accuracy-level 1] [--int8-kv]
 
 writes OUT/hf (config, random weights, a word-level tokenizer built here: no hub download) and
 OUT/onnx (the builder's model.onnx, its data and genai_config.json). Weights are drawn with a wide
@@ -66,12 +66,20 @@ def main() -> None:
     parser.add_argument("--precision", default="int4", choices=["int4", "fp32"])
     parser.add_argument("--accuracy-level", type=int, choices=range(5), default=None,
                         help="MatMulNBits' accuracy_level (the builder's default on CPU: 4, int8 activations)")
+    parser.add_argument("--int8-kv", action="store_true",
+                        help="an int8 per-tensor KV cache (GroupQueryAttention's k_scale / v_scale)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     hf, onnx_dir = args.out / "hf", args.out / "onnx"
     write_checkpoint(hf, args.family, args.seed)
     # The builder as a user runs it; its cache folder stays inside OUT (nothing is downloaded).
-    extra = [] if args.accuracy_level is None else ["--extra_options", f"accuracy_level={args.accuracy_level}"]
+    options = [] if args.accuracy_level is None else [f"accuracy_level={args.accuracy_level}"]
+    if args.int8_kv:  # the builder takes calibrated scales from a file; any positive scale builds the graph
+        scales = args.out / "kv_scales.json"
+        layers = GEOMETRY["num_hidden_layers"]
+        scales.write_text(json.dumps({"scales": {"k_scales": [0.05] * layers, "v_scales": [0.05] * layers}}))
+        options += ["kv_cache_quant_scheme=int8_per_tensor", f"kv_cache_scale_file={scales}"]
+    extra = ["--extra_options", *options] if options else []
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(onnx_dir),
                     "-p", args.precision, "-e", "cpu", "-c", str(args.out / "cache"), *extra], check=True)
     config = json.loads((onnx_dir / "genai_config.json").read_text())

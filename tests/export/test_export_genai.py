@@ -364,3 +364,14 @@ def test_builder_default_model_within_the_int8_activation_tolerance(family, tmp_
         want = runner.step(chunk)
         difference = float(np.abs(got[0] - want).max())
         assert difference <= INT8_ACTIVATION_TOLERANCE * max(float(np.abs(want).max()), 1.0), step
+
+
+@pytest.mark.genai
+def test_builder_int8_kv_cache_is_refused(tmp_path):
+    """The builder's quantized KV cache (GroupQueryAttention k_quant_type, k_scale / v_scale) is not
+    the Quest ops' int8 cache (one scale per token and head): refused with the reason, nothing written."""
+    source = builder_model("llama-int8kv")
+    with pytest.raises(ExportError, match=r"layer 0: GroupQueryAttention '/model/layers.0/attn/GroupQueryAttention': "
+                                          r"input 12 'k_scale' is given .*a quantized KV cache"):
+        rewrite_onnx(source, output=tmp_path / "quest", settings=SparseSettings(top_k=32), **QUIET)
+    assert not (tmp_path / "quest").exists()
