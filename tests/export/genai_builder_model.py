@@ -4,9 +4,11 @@ Run with the Python of the builder's own environment (build/genai-venv, `make te
 the builder needs transformers 5.x, the project's .venv has 4.57), never imported by the tests:
 
     build/genai-venv/bin/python tests/export/genai_builder_model.py OUT --family llama [--accuracy-level 1] [--int8-kv]
+    build/genai-venv/bin/python tests/export/genai_builder_model.py OUT --checkpoint FOLDER [--accuracy-level 1]
 
 writes OUT/hf (config, random weights, a word-level tokenizer built here: no hub download) and
-OUT/onnx (the builder's model.onnx, its data and genai_config.json). Weights are drawn with a wide
+OUT/onnx (the builder's model.onnx, its data and genai_config.json); with --checkpoint, the builder
+converts that local Hugging Face folder instead (real weights: SmolLM2 from `quest-ort-weights`). Weights are drawn with a wide
 initializer so that greedy tokens are decided by clear margins, not by float rounding.
 """
 
@@ -69,14 +71,18 @@ def main() -> None:
     parser.add_argument("--int8-kv", action="store_true",
                         help="an int8 per-tensor KV cache (GroupQueryAttention's k_scale / v_scale)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", type=pathlib.Path, help="convert this Hugging Face folder instead")
     args = parser.parse_args()
     hf, onnx_dir = args.out / "hf", args.out / "onnx"
-    write_checkpoint(hf, args.family, args.seed)
+    if args.checkpoint is not None:
+        hf = args.checkpoint
+    else:
+        write_checkpoint(hf, args.family, args.seed)
     # The builder as a user runs it; its cache folder stays inside OUT (nothing is downloaded).
     options = [] if args.accuracy_level is None else [f"accuracy_level={args.accuracy_level}"]
     if args.int8_kv:  # the builder takes calibrated scales from a file; any positive scale builds the graph
         scales = args.out / "kv_scales.json"
-        layers = GEOMETRY["num_hidden_layers"]
+        layers = json.loads((hf / "config.json").read_text())["num_hidden_layers"]
         scales.write_text(json.dumps({"scales": {"k_scales": [0.05] * layers, "v_scales": [0.05] * layers}}))
         options += ["kv_cache_quant_scheme=int8_per_tensor", f"kv_cache_scale_file={scales}"]
     extra = ["--extra_options", *options] if options else []

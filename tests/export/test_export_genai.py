@@ -375,3 +375,53 @@ def test_builder_int8_kv_cache_is_refused(tmp_path):
                                           r"input 12 'k_scale' is given .*a quantized KV cache"):
         rewrite_onnx(source, output=tmp_path / "quest", settings=SparseSettings(top_k=32), **QUIET)
     assert not (tmp_path / "quest").exists()
+
+
+# --- make test-genai-smollm2: real weights ----------------------------------------------------------
+
+SMOLLM2_QUESTIONS = {"What is the capital of France?": "Paris",
+                     "Write a Python function that reverses a string.": "def reverse_string"}
+SMOLLM2_TOKENS = 48
+
+
+def _chat_prompt(folder: pathlib.Path, question: str):
+    """The builder folder's tokenizer and the question as a chat prompt. The builder saves them with
+    transformers 5 (tokenizer_class "TokenizersBackend", which this venv's 4.57 does not know), so
+    they are read from their files: tokenizer.json and chat_template.jinja."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    tokenizer.chat_template = (folder / "chat_template.jinja").read_text()
+    return tokenizer, tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+
+
+@pytest.mark.genai
+def test_smollm2_builder_model_keeps_its_greedy_tokens(tmp_path, capsys):
+    """SmolLM2-135M-Instruct through the builder (int4, float activations): the Quest model answers
+    each question with the builder model's greedy tokens, and the answers hold what real weights say."""
+    source, quest = _export_builder_model("smollm2-accuracy1", tmp_path / "quest", capsys)
+    for question, answer in SMOLLM2_QUESTIONS.items():
+        tokenizer, prompt = _chat_prompt(source.parent, question)
+        runner = GenaiRunner(source, len(prompt) + SMOLLM2_TOKENS)
+        expected, chunk = [], prompt
+        for _ in range(SMOLLM2_TOKENS):
+            expected.append(int(runner.step(chunk).argmax()))
+            chunk = [expected[-1]]
+        got = greedy(quest, [prompt], SMOLLM2_TOKENS)[0]
+        assert got == expected, (tokenizer.decode(got), tokenizer.decode(expected))
+        assert answer in tokenizer.decode(got)
+
+
+@pytest.mark.genai
+def test_smollm2_builder_default_model_within_the_int8_activation_tolerance(tmp_path, capsys):
+    """The builder's CPU default on real weights: each step's logits within the validation's bound
+    on the Quest model's greedy tokens (measured 0.042 of the scale), the answers still right."""
+    source, quest = _export_builder_model("smollm2", tmp_path / "quest", capsys)
+    for question, answer in SMOLLM2_QUESTIONS.items():
+        tokenizer, prompt = _chat_prompt(source.parent, question)
+        tokens, logits = greedy(quest, [prompt], SMOLLM2_TOKENS, return_logits=True)
+        runner = GenaiRunner(source, len(prompt) + SMOLLM2_TOKENS)
+        for step, (chunk, got) in enumerate(zip([prompt] + [[t] for t in tokens[0][:-1]], logits)):
+            want = runner.step(chunk)
+            assert float(np.abs(got[0] - want).max()) <= INT8_ACTIVATION_TOLERANCE * max(float(np.abs(want).max()), 1.0), step
+        assert answer in tokenizer.decode(tokens[0])
