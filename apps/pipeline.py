@@ -164,8 +164,9 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
         counts = rewrite_attention(graph.model, graph.settings, graph.geometry, capacity=graph.capacity)
         vocab = graph.vocab if graph.vocab is not None else _logits_vocab(graph.model)
         progress.step("checking and saving")
+        eos = eos_ids(graph.folder) if graph.eos is None else graph.eos
         staged, _ = save_folder(graph.model, work, counts, graph.geometry, graph.settings, graph.family, graph.description,
-                                graph.capacity, vocab, eos=eos_ids(graph.folder) if graph.eos is None else graph.eos, tokenizer_from=graph.folder)
+                                graph.capacity, vocab, eos=eos, tokenizer_from=graph.folder)
         difference = None
         if validate:
             progress.step(f"validating against {reference}")

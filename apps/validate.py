@@ -110,8 +110,9 @@ LOGIT_TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "int8": 1e-1}
 # The same where the source's MatMulNBits quantize their inputs to int8 (accuracy_level 4, as
 # onnxruntime-genai's builder writes int4 models): an input that differs from the source's by float
 # rounding (the Quest ops sum in another order) can round to the next int8 step, and that step
-# reaches the logits. Measured up to 0.021 of the logits' scale on the builder's random-weight test
-# models (`make test-genai`); float32 math with the same weights (accuracy_level 0) stays within 3e-6.
+# reaches the logits. Measured up to 0.033 of the logits' scale on the builder's random-weight test
+# models (`make test-genai`) and 0.042 on SmolLM2-135M (`make test-genai-smollm2`); float activations
+# with the same weights (accuracy_level 0 or 1) stay within 3e-6 and 1e-4 (SmolLM2).
 INT8_ACTIVATION_TOLERANCE = 1e-1
 
 
