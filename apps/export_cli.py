@@ -138,7 +138,7 @@ def main(argv=None) -> int:
             if not args.model:
                 parser().error("family onnx needs --model path/to/model.onnx")
             report = rewrite_onnx(pathlib.Path(args.model), output=output, settings=settings,
-                                  capacity=args.capacity or 8192, overwrite=args.overwrite, validate=not args.no_validate)
+                                  capacity=args.capacity, overwrite=args.overwrite, validate=not args.no_validate)
         else:
             report = export_sparse(args.family, output=output, settings=settings, model=args.model,
                                    capacity=args.capacity, overwrite=args.overwrite, validate=not args.no_validate)
@@ -149,7 +149,8 @@ def main(argv=None) -> int:
     print(f"rewrote {len(counts['layers'])} attention layers: sparse {counts['sparse_layers']}, "
           f"dense {counts['dense_layers']}")
     if report.validation_max_abs_diff is not None:
-        print(f"validation: max |logit difference| vs the optimum graph = {report.validation_max_abs_diff:.2e}")
+        source = "the input graph" if args.family == "onnx" else "the optimum graph"
+        print(f"validation: max |logit difference| vs {source} = {report.validation_max_abs_diff:.2e}")
     if report.quantized is not None:
         print(f"weights: {len(report.quantized.matmuls)} MatMul weights quantized to {report.quantized.weights}")
     if report.weight_drift is not None:

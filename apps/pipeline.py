@@ -23,6 +23,7 @@ from typing import Callable
 from ..export.families import FAMILIES, build_default_model, load_checkpoint, read_config
 from ..export.quantize import BLOCK_SIZE, QuantizedWeights, quantize_folder
 from ..export.rewrite import ExportError, SparseSettings, geometry_from_graph, rewrite_attention
+from ..export.rewrite.genai_config import read_genai_config
 from ..export.steps import (eos_ids, fit_dense_layers, geometry_from_config, optimum_export, place, prepare_output,
                             save_folder)
 from ..model_folder.safety import check_external_data
@@ -71,6 +72,7 @@ class _Source:
     capacity: int
     vocab: int | None  # None: read from the rewritten graph's logits
     folder: pathlib.Path  # holds its generation config and tokenizer files
+    eos: list[int] | None = None  # None: from the folder's generation_config.json
 
 
 def export_sparse(
@@ -123,14 +125,16 @@ def rewrite_onnx(
     *,
     output: pathlib.Path,
     settings: SparseSettings,
-    capacity: int = 8192,
+    capacity: int | None = None,
     overwrite: bool = False,
     validate: bool = True,
     log=print,
 ) -> ExportReport:
     """Rewrite an already exported ONNX model (GroupQueryAttention or opset-23 Attention graphs, or
     an optimum export) into a Quest model folder, validated against the input graph as export_sparse
-    validates against optimum's; the input's files are only read."""
+    validates against optimum's; the input's files are only read. A genai_config.json next to the
+    model (onnxruntime-genai's builder) gives the geometry the graph leaves symbolic, the EOS ids and
+    the default capacity (its context length, at most 8192; else 8192)."""
     model_path = pathlib.Path(model_path)
     if not model_path.is_file():
         raise FileNotFoundError(f"--model {model_path}: no such ONNX file")
@@ -141,9 +145,12 @@ def rewrite_onnx(
         progress.step(f"checking and loading {model_path.name}")
         check_external_data(model_path)
         onnx_model = ir.load(model_path)
-        geometry = geometry_from_graph(onnx_model)
+        geometry = geometry_from_graph(onnx_model, folder=model_path.parent)
+        genai = read_genai_config(model_path.parent)
+        default_capacity = min(genai.context_length or 8192, 8192) if genai is not None else 8192
         return _Source(onnx_model, model_path, geometry, fit_dense_layers(settings, geometry), "onnx",
-                       str(model_path), capacity, None, model_path.parent)
+                       str(model_path), capacity or default_capacity, None, model_path.parent,
+                       eos=genai.eos_token_ids if genai is not None else None)
 
     return _export(source, 1, model_path.name, output, [model_path], overwrite, validate, settings.weights, log)
 
@@ -166,9 +173,9 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
         progress.step("checking and saving")
         # saved float first (the rewrite is validated exactly), quantized below
         float_settings = dataclasses.replace(graph.settings, weights="float")
+        eos = eos_ids(graph.folder) if graph.eos is None else graph.eos
         staged, _ = save_folder(graph.model, work, counts, graph.geometry, float_settings, graph.family,
-                                graph.description, graph.capacity, vocab, eos=eos_ids(graph.folder),
-                                tokenizer_from=graph.folder)
+                                graph.description, graph.capacity, vocab, eos=eos, tokenizer_from=graph.folder)
         difference = quantized = drift = None
         if validate:
             progress.step(f"validating against {reference}")

@@ -157,12 +157,15 @@ def prepare_output(output: pathlib.Path, overwrite: bool, inputs: list[pathlib.P
 
 
 def check_model_path(path: pathlib.Path) -> None:
-    """The full onnx checker (custom domain included) on the saved model, by path (any size)."""
+    """The full onnx checker (custom domain included) on the saved model, by path (any size); ONNX
+    Runtime's contrib ops (a builder model's MatMulNBits...) are checked against its own schemas."""
     import onnx
 
     from ..ops.registry import register_schemas
+    from .ort_schemas import register_onnxruntime_schemas
 
     register_schemas()
+    register_onnxruntime_schemas()
     onnx.checker.check_model(str(path), full_check=True)
 
 

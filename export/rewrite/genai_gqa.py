@@ -146,6 +146,12 @@ class GenaiGroupQueryAttention(pattern.RewriteRuleClassBase):
                 if shape is None or shape.rank() != 2 or shape[1] != g.head_dim // 2 or g.head_dim % 2:
                     return (f"{where}: input {CONTRACT.inputs[index]!r} has shape {shape}; the rotary must "
                             f"cover the whole head, [max_positions, {g.head_dim // 2}] (partial rotary is refused)")
+                # GQA reads the angles of positions up to the context; the rewrite gathers rows
+                # past_lens + i, so every position the capacity holds needs its row.
+                if not isinstance(shape[0], int) or shape[0] < probe.capacity:
+                    return (f"{where}: input {CONTRACT.inputs[index]!r} holds the angles of {shape[0]} positions, "
+                            f"fewer than the capacity of {probe.capacity} tokens (export with a capacity of at "
+                            f"most {shape[0]})")
         return None
 
     def rewrite(self, op, query, **_):
@@ -169,4 +175,11 @@ class GenaiGroupQueryAttention(pattern.RewriteRuleClassBase):
             op, self._layer, self.name, q, k, v, inputs[3], inputs[4], self._scale, softcap=self._softcap)
         node = self._node
         self.context.replaced_presents[self._layer] = ((node.outputs[1], key_out), (node.outputs[2], value_out))
+        # The new caches are graph outputs at once, not after the rewriter's pass: its dead-code
+        # removal would drop the layer's new nodes where the attention output reaches no graph
+        # output, yet the caches it writes are outputs all the same.
+        outputs = self.context.graph.outputs
+        for old, new in ((node.outputs[1], key_out), (node.outputs[2], value_out)):
+            if old.is_graph_output():
+                outputs[list(outputs).index(old)] = new
         return output

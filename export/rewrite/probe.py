@@ -20,8 +20,10 @@ class ProbeError(Exception):
 
 
 class SourceProbe:
-    def __init__(self, model: ir.Model, slots, capacity: int):
-        """`slots`: the layers' LayerSlots (their caches are fed, and their presents' shapes known)."""
+    def __init__(self, model: ir.Model, slots, capacity: int, geometry=None):
+        """`slots`: the layers' LayerSlots (their caches are fed, and their presents' shapes known);
+        `geometry` gives the caches' KV heads and head size where their shapes leave them symbolic
+        (onnxruntime-genai's builder writes `kv_cache_dim`)."""
         # The rewrite changes the graph in place (position_ids become past_lens + i before any rule
         # runs): probe a copy of the graph as the source computes it. Tensors are shared, not copied.
         self._model = model.clone()
@@ -31,7 +33,10 @@ class SourceProbe:
         for slot in slots:
             for past, present in ((slot.past_key, slot.present_key), (slot.past_value, slot.present_value)):
                 dims = list(past.shape) if past.shape is not None else []
-                kind = (dims[1] if len(dims) == 4 else None, dims[3] if len(dims) == 4 else None,
+                heads, head_dim = (dims[1], dims[3]) if len(dims) == 4 else (None, None)
+                if geometry is not None:
+                    heads, head_dim = geometry.kv_num_heads, geometry.head_dim
+                kind = (heads if isinstance(heads, int) else None, head_dim if isinstance(head_dim, int) else None,
                         past.dtype.numpy() if past.dtype is not None else None)
                 self._caches[past.name] = self._presents[present.name] = kind
         self.capacity = capacity
