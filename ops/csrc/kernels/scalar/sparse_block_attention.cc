@@ -94,7 +94,7 @@ void attend_span(const SparseBlockAttentionParams& prm, const float* query, cons
 
 template <typename T, typename TC>
 void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
-  const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, P = prm.block_size;
+  const int64_t S = prm.query_len, D = prm.head_dim, P = prm.block_size;
   const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k, width = heads_per_block_list(prm);
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
   std::vector<float> queries(G * Dp), accumulators(G * D), logits(std::max(rows_per_block(prm), kExactTile));

@@ -214,7 +214,7 @@ void attend_selected(const SparseBlockAttentionParams& prm, int64_t item, int64_
 template <typename T, typename TC>
 [[gnu::noinline]] void attention_items_with(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end,
                                             AttentionScratch& s) {
-  const int64_t S = prm.query_len, D = prm.head_dim, C = prm.capacity, H = prm.num_heads;
+  const int64_t S = prm.query_len, D = prm.head_dim, H = prm.num_heads;
   const int64_t G = H / prm.kv_heads, Dp = padded(D), Pp = padded(rows_per_block(prm));
   s.fit(G, Dp, Pp);
   for (int64_t unit = begin; unit < end; ++unit) {
