@@ -145,6 +145,10 @@ def rewrite_onnx(
         progress.step(f"checking and loading {model_path.name}")
         check_external_data(model_path)
         onnx_model = ir.load(model_path)
+        packed = next((n.name for n in onnx_model.graph.all_nodes() if n.op_type == "MatMulNBits"), None)
+        if settings.weights != "float" and packed is not None:
+            raise ExportError(f"--weights {settings.weights}: {model_path.name} holds quantized weights already "
+                              f"(MatMulNBits node {packed!r}); export it with its own weights (--weights float)")
         geometry = geometry_from_graph(onnx_model, folder=model_path.parent)
         genai = read_genai_config(model_path.parent)
         default_capacity = min(genai.context_length or 8192, 8192) if genai is not None else 8192

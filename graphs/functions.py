@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import onnx
 import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
 import onnxscript
 
 from ..ops.schemas import DOMAIN, OPS_BY_NAME, VERSION
@@ -61,21 +62,12 @@ def expand_quest_nodes(model_ir: ir.Model) -> None:
         results = results if isinstance(results, tuple) else (results,)
         pairs = [(old, new) for old, new in zip(node.outputs, results) if old.name]
         ir.convenience.replace_nodes_and_values(
-            graph, node, [node], _feeding(tape.nodes, [new for _, new in pairs]), [old for old, _ in pairs],
-            [new for _, new in pairs]
+            graph, node, [node], tape.nodes, [old for old, _ in pairs], [new for _, new in pairs]
         )
+    # ONNX Runtime runs every node of a graph, consumed or not: the traced nodes no used output
+    # needs (e.g. the importance an int8 body computes for its function form) are dropped.
+    common_passes.RemoveUnusedNodesPass()(model_ir)
     _set_opsets(model_ir, keep_quest=False)
-
-
-def _feeding(nodes: list[ir.Node], outputs: list[ir.Value]) -> list[ir.Node]:
-    """The traced `nodes` (in order) that the used `outputs` depend on: ONNX Runtime runs every node
-    of a graph, consumed or not (e.g. the importance an int8 body computes for its function form)."""
-    needed, kept = set(outputs), []
-    for node in reversed(nodes):
-        if any(value in needed for value in node.outputs):
-            kept.append(node)
-            needed.update(value for value in node.inputs if value is not None)
-    return kept[::-1]
 
 
 def function_body(op_name: str, inputs_present: tuple[bool, ...], attributes: dict) -> onnx.FunctionProto:

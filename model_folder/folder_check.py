@@ -308,6 +308,8 @@ class _Checker:
     def check_attributes(self, nodes: list) -> None:
         layer_of = {id(node): index for index, layer in enumerate(self.layers) for node in layer.nodes}
         described = self.s.to_dict()  # the sidecar's fields by name, as its JSON holds them
+        # QuestMetadata must bound the keys as the caches hold them: int8 caches, int8 keys.
+        described["key_cache_type"] = "int8" if self.s.settings.kv_dtype == "int8" else "float"
         for node in nodes:
             spec = OPS_BY_NAME.get(node.op_type) if node.domain == DOMAIN else None
             defaults = spec.defaults() if spec else {}
@@ -319,7 +321,9 @@ class _Checker:
                 expected = described[name]
                 if not _same(expected, found):
                     where = f" (layer {layer_of[id(node)]})" if id(node) in layer_of else ""
-                    self.disagree(name, expected, f"{node.op_type} node {node.name!r}{where} has {name} = {found!r}")
+                    field = "kv_dtype" if name == "key_cache_type" else name
+                    self.disagree(field, described[field],
+                                  f"{node.op_type} node {node.name!r}{where} has {name} = {found!r}")
 
     # -- quantized weights -----------------------------------------------------------------------------
 

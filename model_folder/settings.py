@@ -59,6 +59,11 @@ class SparseSettings:
                 raise ValueError(f"{name} {problem}")
         if self.weights not in WEIGHT_TYPES:
             raise ValueError(f"weights must be one of {list(WEIGHT_TYPES)}, got {self.weights!r}")
+        if self.kv_dtype == "int8" and self.attention == "gqa":
+            raise ValueError("kv_dtype 'int8' is the Quest ops' cache format; the GroupQueryAttention baseline "
+                             "(attention 'gqa') takes float caches here")
+        if self.kv_dtype == "int8" and self.score == "probe":
+            raise ValueError("score='probe' reads a float key cache; with kv_dtype 'int8' select by the bound")
 
     @property
     def importance(self) -> bool:

@@ -167,7 +167,7 @@ class Sidecar:
         io = LayerIO(f"past_key.{layer}", f"past_value.{layer}", f"present_key.{layer}", f"present_value.{layer}")
         if int8:
             for field in SCALE_FIELDS:
-                setattr(io, field, f"{field.replace('_scale', '')}_scale.{layer}")
+                setattr(io, field, f"{field}.{layer}")
         if sparse:
             io.past_block_max, io.past_block_min = f"past_block_max.{layer}", f"past_block_min.{layer}"
             io.present_block_max, io.present_block_min = f"present_block_max.{layer}", f"present_block_min.{layer}"

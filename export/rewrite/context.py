@@ -13,7 +13,9 @@ import onnx_ir as ir
 from ...model_folder.settings import Geometry, SparseSettings
 from ...ops.schemas import DOMAIN, INT32_MAX
 
-IR_TYPES = {"float32": ir.DataType.FLOAT, "float16": ir.DataType.FLOAT16, "int8": ir.DataType.INT8}
+# Activation types (a source's caches hold one of them); KV caches may also be int8 (the Quest ops' own format).
+IR_TYPES = {"float32": ir.DataType.FLOAT, "float16": ir.DataType.FLOAT16}
+KV_IR_TYPES = {**IR_TYPES, "int8": ir.DataType.INT8}
 
 
 def input_value(name: str, dtype: ir.DataType, shape: list) -> ir.Value:
@@ -34,14 +36,9 @@ class RewriteContext:
         self.geometry = geometry
         self.batch_dim = batch_dim
         self.activation_type = IR_TYPES[geometry.activation_dtype]
-        self.kv_dtype = IR_TYPES[settings.kv_dtype or geometry.activation_dtype]
+        self.kv_dtype = KV_IR_TYPES[settings.kv_dtype or geometry.activation_dtype]
         self.int8 = self.kv_dtype == ir.DataType.INT8
         probe = settings.score == "probe"
-        if self.int8 and settings.attention == "gqa":
-            raise ValueError("kv_dtype 'int8' is the Quest ops' cache format; the GroupQueryAttention baseline "
-                             "(attention 'gqa') takes float caches here")
-        if self.int8 and probe:
-            raise ValueError("score='probe' reads a float key cache; with kv_dtype 'int8' select by the bound")
         if settings.bounds_dtype is None:
             self.bounds_dtype = self.kv_dtype if probe else ir.DataType.FLOAT16
         else:

@@ -177,11 +177,11 @@ def test_narrow_kv_stays_close_to_float32(family, kv_dtype):
 
 def test_int8_kv_refuses_what_it_cannot_serve():
     """int8 caches are the Quest ops' format: the GroupQueryAttention baseline and the probe score
-    (which reads a float key cache) refuse them by name."""
+    (which reads a float key cache) refuse them by name, as settings, before any export work."""
     with pytest.raises(ValueError, match="'gqa'"):
-        quest_export("qwen3", top_k=4, kv_dtype="int8", attention="gqa")
+        SparseSettings(top_k=4, kv_dtype="int8", attention="gqa")
     with pytest.raises(ValueError, match="probe"):
-        quest_export("qwen3", top_k=4, kv_dtype="int8", score="probe")
+        SparseSettings(top_k=4, kv_dtype="int8", score="probe")
 
 
 def test_capacity_is_checked_before_anything_runs():

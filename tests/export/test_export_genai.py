@@ -442,3 +442,16 @@ def test_smollm2_builder_default_model_within_the_int8_activation_tolerance(tmp_
             want = runner.step(chunk)
             assert float(np.abs(got[0] - want).max()) <= INT8_ACTIVATION_TOLERANCE * max(float(np.abs(want).max()), 1.0), step
         assert answer in tokenizer.decode(tokens[0])
+
+
+def test_a_source_with_int8_caches_is_refused_by_name(tmp_path):
+    """int8 is a Quest cache type, not an activation type: a source whose caches are int8 (no
+    activation to take the geometry's dtype from) is refused, naming the cache input."""
+    model = builder_style(True)
+    for value in model.graph.input:
+        if value.name.startswith("past_key_values."):
+            value.type.tensor_type.elem_type = onnx.TensorProto.INT8
+    source = save_source(model, tmp_path / "source")
+    with pytest.raises(ExportError, match=r"cache input 'past_key_values\.0\.key' holds int8; the Quest ops take "
+                                          r"float32 or float16"):
+        geometry_from_graph(onnx_ir_load(source), folder=source.parent)

@@ -225,3 +225,16 @@ def test_a_folder_without_the_field_reads_as_float(tmp_path):
     assert QuestModel(folder, threads=1).sidecar.settings.weights == "float"
     _set_weights(folder, "float")  # written out explicitly: the same
     assert QuestModel(folder, threads=1).sidecar.settings.weights == "float"
+
+
+@pytest.mark.parametrize("weights", QUANTIZED)
+def test_a_source_with_quantized_weights_is_refused_before_any_work(weights, tmp_path):
+    """Quantizing MatMulNBits again is not a thing ONNX Runtime's quantizer does, and a folder mixing
+    bits would be refused when opened: a packed source is refused at once, naming the node."""
+    from quest_ort.apps.pipeline import rewrite_onnx
+
+    folder, _ = default_export("int4")
+    settings = SparseSettings(top_k=4, weights=weights)
+    with pytest.raises(ExportError, match="quantized weights already .*MatMulNBits node"):
+        rewrite_onnx(folder / GRAPH, output=tmp_path / "out", settings=settings, log=lambda *a, **k: None)
+    assert not (tmp_path / "out").exists()

@@ -219,6 +219,14 @@ def test_an_int8_folder_whose_scales_disagree_is_refused(tmp_path, label, edit, 
     _refused(folder, SIDECAR, *words)
 
 
+def test_int8_caches_bounded_as_float_keys_are_refused(tmp_path):
+    """QuestMetadata of an int8 folder must bound the keys as the int8 caches hold them: a node
+    left at key_cache_type 'float' would let the bounds miss what the attention reads."""
+    folder = _folder(tmp_path, **INT8)
+    _edit_graph(folder, lambda m: _attribute(m, "QuestMetadata", "key_cache_type", "float", only_first=True))
+    _refused(folder, SIDECAR, GRAPH, "kv_dtype", "'int8'", "key_cache_type = 'float'", "QuestMetadata")
+
+
 def test_a_portable_graph_declared_native_is_refused(tmp_path):
     """Bound in place, a portable graph's standard ops may read a cache after writing it."""
     folder = _copy(tmp_path, _portable_export())
