@@ -152,7 +152,9 @@ def main(argv=None) -> int:
         source = "the input graph" if args.family == "onnx" else "the optimum graph"
         print(f"validation: max |logit difference| vs {source} = {report.validation_max_abs_diff:.2e}")
     if report.quantized is not None:
-        print(f"weights: {len(report.quantized.matmuls)} MatMul weights quantized to {report.quantized.weights}")
+        quantized = report.quantized
+        lookups = f" and {len(quantized.gathers)} embedding table{'s' * (len(quantized.gathers) > 1)}" if quantized.gathers else ""
+        print(f"weights: {len(quantized.matmuls)} MatMul weights{lookups} quantized to {quantized.weights}")
     if report.weight_drift is not None:
         drift = report.weight_drift
         print(f"validation of the {drift.weights} weights: relative logit error vs the float source = "

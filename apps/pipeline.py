@@ -21,7 +21,7 @@ import time
 from typing import Callable
 
 from ..export.families import FAMILIES, build_default_model, load_checkpoint, read_config
-from ..export.quantize import BLOCK_SIZE, QuantizedWeights, quantize_folder
+from ..export.quantize import BLOCK_SIZE, QUANTIZED_OPS, QuantizedWeights, quantize_folder
 from ..export.rewrite import ExportError, SparseSettings, geometry_from_graph, rewrite_attention
 from ..export.rewrite.genai_config import read_genai_config
 from ..export.steps import (eos_ids, fit_dense_layers, geometry_from_config, optimum_export, place, prepare_output,
@@ -185,7 +185,8 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
             progress.step(f"validating against {reference}")
             difference = validate_export(graph.path, staged)
         if quantize:
-            progress.step(f"quantizing the MatMul weights to {weights} (ONNX Runtime's MatMulNBits, "
+            embedding = ", the embedding into GatherBlockQuantized" if "Gather" in QUANTIZED_OPS[weights] else ""
+            progress.step(f"quantizing the MatMul weights to {weights} (ONNX Runtime's MatMulNBits{embedding}, "
                           f"blocks of {BLOCK_SIZE})")
             quantized = quantize_folder(staged, weights)
             if validate:

@@ -6,7 +6,8 @@ caches the graph reads differently. Here every field that describes the graph is
 the graph: the names the runtime feeds and reads, which past input each present output updates
 (per layer and role), the caches' element types and static dims, and the Quest attributes of the
 graph's SparseBlockAttention / SparseBlockSelect / QuestMetadata (or GroupQueryAttention) nodes,
-and quantized weights: MatMulNBits nodes of the recorded bits, no float MatMul weight left.
+and quantized weights: MatMulNBits nodes of the recorded bits, no float MatMul weight (and with int4
+no float embedding table) left.
 The first disagreement raises ModelFolderError, one line naming both files, the field and both
 values.
 
@@ -72,6 +73,15 @@ def float_weight_matmuls(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     types = {tensor.name: tensor.data_type for tensor in graph.initializer}
     return [node for node in graph.node
             if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and types.get(node.input[1]) in _FLOAT_ELEMS]
+
+
+def float_weight_gathers(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The standard Gather nodes of `graph` that look up rows of a float matrix initializer (the
+    token embedding): what `export-sparse --weights int4` quantizes, and what a folder it quantized
+    may not hold."""
+    matrices = {tensor.name for tensor in graph.initializer if tensor.data_type in _FLOAT_ELEMS and len(tensor.dims) == 2}
+    return [node for node in graph.node
+            if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and node.input[0] in matrices]
 
 
 @dataclasses.dataclass
@@ -345,6 +355,10 @@ class _Checker:
         if left:
             self.disagree("weights", weights, f"MatMul node {left[0].name!r} multiplies by the float initializer "
                           f"{left[0].input[1]!r}")
+        gathers = float_weight_gathers(self.graph) if weights == "int4" else []
+        if gathers:
+            self.disagree("weights", weights, f"Gather node {gathers[0].name!r} looks up rows of the float "
+                          f"initializer {gathers[0].input[0]!r}")
 
 
 def check_sidecar_against_graph(sidecar: Sidecar, model: onnx.ModelProto, sidecar_path, model_path, *,

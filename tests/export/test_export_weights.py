@@ -28,7 +28,7 @@ from quest_ort.apps.pipeline import export_sparse
 from quest_ort.apps.validate import WEIGHT_TOLERANCES, relative_logit_error
 from quest_ort.export.quantize import BLOCK_SIZE
 from quest_ort.export.rewrite import ExportError, SparseSettings
-from quest_ort.model_folder.folder_check import float_weight_matmuls
+from quest_ort.model_folder.folder_check import float_weight_gathers, float_weight_matmuls
 from quest_ort.model_folder.settings import WEIGHT_BITS
 from quest_ort.ops.schemas import DOMAIN
 from quest_ort.runtime.generate import Generator, Sampling, greedy
@@ -84,9 +84,15 @@ def test_every_projection_and_the_lm_head_become_matmulnbits_and_no_float_copy_s
     float_weights = {node.input[1] for node in float_matmuls}
     initializers = {tensor.name: tensor for tensor in model.graph.initializer}
     assert not float_weights & set(initializers), "the float weights are still stored"
-    embedding = next(n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in initializers
-                     and len(initializers[n.input[0]].dims) == 2)
-    assert initializers[embedding.input[0]].data_type == onnx.TensorProto.FLOAT, "the embedding stays float"
+    float_embeddings = float_weight_gathers(float_model.graph)
+    assert len(float_embeddings) == 1, "the float export looks up one float embedding"
+    if weights == "int4":  # the embedding too, into GatherBlockQuantized (the quantizer packs Gathers in 4 bits only)
+        assert float_weight_gathers(model.graph) == [] and float_embeddings[0].input[0] not in initializers
+        (lookup,) = [n for n in model.graph.node if (n.domain, n.op_type) == ("com.microsoft", "GatherBlockQuantized")]
+        assert _attribute(lookup, "block_size") == BLOCK_SIZE and not any(a.name == "bits" and a.i != 4 for a in lookup.attribute)
+        assert lookup.output[0] == float_embeddings[0].output[0]
+    else:
+        assert [n.name for n in float_weight_gathers(model.graph)] == [float_embeddings[0].name], "the embedding stays float"
     quest_ops = [node.op_type for node in model.graph.node if node.domain == DOMAIN]  # the rewrite kept: 2 dense layers
     assert quest_ops.count("SparseBlockAttention") == 8 and quest_ops.count("SparseBlockSelect") == 6
 
@@ -215,6 +221,20 @@ def test_a_sidecar_whose_weights_disagree_with_the_graph_is_refused(source, reco
         QuestModel(folder, threads=1)
     message = str(info.value)
     assert "\n" not in message and SIDECAR in message and all(word in message for word in words), message
+
+
+def test_an_int4_folder_that_kept_a_float_embedding_is_refused(tmp_path, monkeypatch):
+    """An int4 folder quantizes its embedding as well: one whose lookup table stayed float (written
+    before, or by a quantizer that skipped it) is refused when opened, naming the Gather."""
+    from quest_ort.export import quantize
+
+    monkeypatch.setitem(quantize.QUANTIZED_OPS, "int4", ("MatMul",))
+    folder = _copy(default_export("float")[0], tmp_path)
+    assert quantize.quantize_folder(folder, "int4").gathers == ()
+    with pytest.raises(ValueError) as info:
+        QuestModel(folder, threads=1)
+    message = str(info.value)
+    assert "weights is 'int4'" in message and "Gather node" in message and "float initializer" in message, message
 
 
 def test_a_folder_without_the_field_reads_as_float(tmp_path):
