@@ -1,15 +1,18 @@
-"""End-to-end decode and prefill: a model with Qwen3-0.6B's geometry exported with the defaults
-(`export-sparse qwen3 --k 32 --kv-dtype float16`) against the same model with ONNX Runtime's
-GroupQueryAttention, both over float16 in-place caches.
+"""End-to-end decode and prefill on what users deploy: a model with Qwen3-0.6B's geometry and int4
+weights (`export-sparse qwen3 --k 32 --weights int4`), the Quest ops over float16 and over int8
+caches, against ONNX Runtime's GroupQueryAttention over float16 caches and over its own int8 cache.
 
-Random weights (28 layers, hidden 1024, 16 query heads, 8 KV heads, head dim 128, vocab 151936).
-Decode: the caches are filled synthetically to 4K, 16K and 32K tokens (both models read the very
-same buffers), then each decodes a few tokens. Prefill (time to first token): 4K- and 8K-token
-prompts through the runtime's `prefill` (exact, the default), each model in its own process so
-its peak RSS is its own; the time ratio is measured side by side in one process, the two models'
-prefill steps alternating chunk by chunk (this machine's speed drifts by ten percent within a
-minute, which one model after the other would measure). Prints a table, writes results/e2e.json
-and e2e.png.
+Random weights (28 layers, hidden 1024, 16 query heads, 8 KV heads, head dim 128, vocab 151936),
+quantized by the exporter (MatMulNBits and the embedding's GatherBlockQuantized). Decode: the caches
+are filled synthetically to 4K, 8K, 16K and 32K tokens (the two float16 models read the very same
+buffers; the int8 ones random codes), then the four models decode in turns, one step each per
+round, so their ratios come from one stretch of time. Peak memory: each model alone in its own
+process (benchmarks.decode_once) holding a 32K cache: its peak RSS over the whole run and while it
+decodes. Prefill (time to first token): 4K- and 8K-token prompts through the runtime's `prefill`
+(exact, the default) for the two float16 models, each in its own process for its peak RSS, and the
+time ratio side by side in one process, their prefill steps alternating chunk by chunk (this
+machine's speed drifts by ten percent within a minute). Prints a table, writes results/e2e.json and
+e2e.png.
 """
 
 from __future__ import annotations
@@ -33,13 +36,20 @@ MODELS = ROOT / "build" / "models"
 GEOMETRY = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                 tie_word_embeddings=True)
-CONTEXTS = (4096, 16384, 32768)
+CONTEXTS = (4096, 8192, 16384, 32768)
 CAPACITY = 32768 + 64
 PREFILL_TOKENS = (4096, 8192)
-SETTINGS = dict(top_k=32, kv_dtype="float16")  # the export's defaults otherwise
+WEIGHTS = "int4"
+# The models compared, by name: (attention, KV cache type); the export's defaults otherwise (--k 32).
+KINDS = {"quest-float16": ("quest", "float16"), "quest-int8": ("quest", "int8"),
+         "gqa-float16": ("gqa", "float16"), "gqa-int8": ("gqa", "int8")}
+LABELS = {"gqa-float16": "GroupQueryAttention, float16 cache", "gqa-int8": "GroupQueryAttention, int8 cache (ORT)"}
+INT8_SCALE = 0.03  # the row scale of the Quest int8 caches' random codes (any scale costs the same)
 
 
 def ensure_models() -> dict[str, pathlib.Path]:
+    """The folders of KINDS, exported once under build/models (gqa-int8 is gqa-float16's folder: its
+    int8 graph is written there by benchmarks.gqa_int8)."""
     from quest_ort.export.families import FAMILIES, build_default_model
     from quest_ort.apps.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
@@ -49,44 +59,78 @@ def ensure_models() -> dict[str, pathlib.Path]:
         print("building the random Qwen3-0.6B-geometry checkpoint ...", flush=True)
         build_default_model(FAMILIES["qwen3"], checkpoint, **GEOMETRY)
     folders = {}
-    for attention in ("quest", "gqa"):
-        settings = SparseSettings(**SETTINGS, attention=attention)
-        # (named by what selection it exports, so an export of other defaults is not reused)
+    for kind, (attention, kv_dtype) in KINDS.items():
+        if kind == "gqa-int8":
+            folders[kind] = folders["gqa-float16"]
+            continue
+        settings = SparseSettings(top_k=32, kv_dtype=kv_dtype, attention=attention, weights=WEIGHTS)
+        # (named by what it exports, so an export of other defaults is not reused)
         name = "gqa" if attention == "gqa" else f"quest-k{settings.top_k}-p{settings.block_size}-{settings.group_reduce}"
-        folder = MODELS / f"qwen3-0.6b-geometry-{name}"
+        folder = MODELS / f"qwen3-0.6b-geometry-{name}-{kv_dtype}-{WEIGHTS}"
         if not (folder / "quest_model.json").is_file():
+            print(f"exporting {kind} ...", flush=True)
             export_sparse("qwen3", output=folder, settings=settings, model=str(checkpoint), capacity=CAPACITY,
                           overwrite=True)
-        folders[attention] = folder
+        folders[kind] = folder
     return folders
 
 
-def fill(model, cache, context: int, rng) -> None:
-    """Synthetic caches holding `context` tokens per row: random keys/values, and the block bounds
-    QuestMetadata would write (quality_runtime.block_bounds, by the op's NumPy reference)."""
+def open_model(kind: str, folder: pathlib.Path, threads: int):
+    from quest_ort.runtime.model import QuestModel
+
+    from .gqa_int8 import Int8CacheGqa
+
+    return Int8CacheGqa(folder, threads=threads) if kind == "gqa-int8" else QuestModel(folder, threads=threads)
+
+
+def _random_fill(array: np.ndarray, rng) -> None:
+    """Random content in place, a piece at a time (no full-size temporary): N(0, 1) floats, or
+    int8 codes in [-127, 127]."""
+    flat = array.reshape(-1)
+    for start in range(0, flat.size, 1 << 24):
+        part = flat[start : start + (1 << 24)]
+        if array.dtype == np.int8:
+            part[:] = rng.integers(-127, 128, part.size, dtype=np.int8)
+        else:
+            part[:] = rng.standard_normal(part.size, dtype=np.float32)
+
+
+def fill(cache, context: int, block_size: int | None, rng) -> None:
+    """Synthetic caches holding `context` tokens per row: random keys and values (int8 caches:
+    random codes, row scales INT8_SCALE), and the block bounds QuestMetadata would write of the
+    keys the cache holds (quality_runtime.block_bounds, by the op's NumPy reference)."""
     for layer in cache.layers:
         for array in (layer.key, layer.value):
-            flat = array.reshape(-1)
-            for start in range(0, flat.size, 1 << 24):
-                part = flat[start : start + (1 << 24)]
-                part[:] = rng.standard_normal(part.size, dtype=np.float32)
-        if layer.block_max is None:  # a dense layer
+            _random_fill(array, rng)
+        for scale in (layer.key_scale, layer.value_scale):
+            if scale is not None:
+                scale[...] = INT8_SCALE
+        if layer.block_max is None:  # a dense layer, or a model without bounds
             continue
-        bounds = block_bounds(layer.key, context, model.sidecar.settings.block_size, layer.block_max.dtype)
+        keys = layer.key
+        if layer.key_scale is not None:  # what an int8 cache holds: code x row scale, exact in float32
+            keys = keys[..., :context, :].astype(np.float32) * layer.key_scale[..., :context, None].astype(np.float32)
+        bounds = block_bounds(keys, context, block_size, layer.block_max.dtype)
         blocks = bounds[0].shape[-2]
         layer.block_max[:, :, :blocks], layer.block_min[:, :, :blocks] = bounds
     cache.lengths[:] = context
 
 
-def decode_ms(model, cache, context: int, steps: int) -> float:
-    times = []
+def decode_round_robin(models: dict, caches: dict, context: int, steps: int) -> dict[str, float]:
+    """Median ms per decode step of each model at `context` cached tokens: `steps` rounds (after
+    one warm-up round) in which every model decodes one token, the order turning each round."""
     token = np.array([[7]], np.int64)
-    for _ in range(steps + 1):
-        cache.lengths[:] = context  # every step decodes at the same position, so the cost is comparable
-        begin = time.perf_counter()
-        model.step(cache, token)
-        times.append(time.perf_counter() - begin)
-    return statistics.median(times[1:]) * 1e3
+    times = {kind: [] for kind in models}
+    kinds = list(models)
+    for round_ in range(steps + 1):
+        for kind in kinds[round_ % len(kinds):] + kinds[: round_ % len(kinds)]:
+            cache = caches[kind]
+            cache.lengths[:] = context  # every step decodes at the same position, so the cost is comparable
+            begin = time.perf_counter()
+            models[kind].step(cache, token)
+            if round_:
+                times[kind].append(time.perf_counter() - begin)
+    return {kind: statistics.median(values) * 1e3 for kind, values in times.items()}
 
 
 def prefill_run(folder: pathlib.Path, tokens: int, threads: int) -> dict:
@@ -121,79 +165,115 @@ def prefill_side_by_side(models: dict, tokens: int) -> dict[str, float]:
 
 def prefill_pairs(folders: dict, models: dict, lengths, threads: int) -> list[dict]:
     """Per prompt length: each model's prefill alone in its own process (seconds, peak RSS), then
-    both side by side (the time ratio)."""
+    both side by side (the time ratio, the first model's time over the second's)."""
+    first, second = models
     rows = []
     for tokens in lengths:
-        runs = {kind: prefill_run(folder, tokens, threads) for kind, folder in folders.items()}
+        runs = {kind: prefill_run(folders[kind], tokens, threads) for kind in models}
         row = dict(tokens=tokens, **{kind: run for kind, run in runs.items()})
         if all("seconds" in run for run in runs.values()):
             paired = prefill_side_by_side(models, tokens)
             for kind, run in runs.items():
                 run["side_by_side_seconds"] = paired[kind]
-            row["time_ratio"] = round(paired["quest"] / paired["gqa"], 3)
-            row["time_ratio_alone"] = round(runs["quest"]["seconds"] / runs["gqa"]["seconds"], 3)
-            row["peak_rss_ratio"] = round(runs["quest"]["peak_rss_gb"] / runs["gqa"]["peak_rss_gb"], 3)
+            row["time_ratio"] = round(paired[first] / paired[second], 3)
+            row["time_ratio_alone"] = round(runs[first]["seconds"] / runs[second]["seconds"], 3)
+            row["peak_rss_ratio"] = round(runs[first]["peak_rss_gb"] / runs[second]["peak_rss_gb"], 3)
         print(f"prefill {tokens:5d} tokens: {row}", flush=True)
         rows.append(row)
     return rows
 
 
-def plot(rows, path, label, title):
+def peak_memory(folders: dict, context: int, threads: int, steps: int) -> dict[str, dict]:
+    """Each model alone in its own process (benchmarks.decode_once) decoding at `context` tokens in
+    a cache of CAPACITY: its peak RSS over the whole run and while decoding, and its cache bytes."""
+    rows = {}
+    for kind, folder in folders.items():
+        run = subprocess.run([sys.executable, "-m", "benchmarks.decode_once", kind, str(folder), str(context),
+                              "--capacity", str(CAPACITY), "--threads", str(threads), "--steps", str(steps)],
+                             capture_output=True, text=True, cwd=ROOT)
+        rows[kind] = (json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0
+                      else {"error": run.stderr.strip().splitlines()[-1:]})
+        print(f"alone, C={context}: {kind:<14} {rows[kind]}", flush=True)
+    return rows
+
+
+def ratios(ms: dict[str, float]) -> dict[str, float]:
+    """Each baseline's time over each Quest model's, "gqa-float16/quest-int8": how many times faster."""
+    return {f"{base}/{quest}": round(ms[base] / ms[quest], 2) for base in ms if base.startswith("gqa")
+            for quest in ms if quest.startswith("quest")}
+
+
+def plot(rows, memory, path, title):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for kind, color in (("quest", "tab:green"), ("gqa", "tab:red")):
+    fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw=dict(width_ratios=(3, 2)))
+    colors = {"quest-float16": "tab:green", "quest-int8": "tab:olive", "gqa-float16": "tab:red", "gqa-int8": "tab:orange"}
+    for kind, color in colors.items():
         points = sorted((r["context"], r["ms_per_token"]) for r in rows if r["model"] == kind)
-        ax.plot(*zip(*points), marker="o", color=color, label={"quest": label, "gqa": "GroupQueryAttention"}[kind])
-    ax.set(xscale="log", xlabel="cached tokens", ylabel="ms per decoded token",
-           title=title)
-    ax.legend()
+        time_ax.plot(*zip(*points), marker="o", color=color, label=label_of(kind))
+    time_ax.set(xscale="log", yscale="log", xlabel="cached tokens", ylabel="ms per decoded token", title=title)
+    time_ax.legend(fontsize=8)
+    kinds = [kind for kind in colors if "peak_rss_gb" in memory.get(kind, {})]
+    memory_ax.bar(range(len(kinds)), [memory[kind]["peak_rss_gb"] for kind in kinds],
+                  color=[colors[kind] for kind in kinds])
+    memory_ax.set_xticks(range(len(kinds)), [kind for kind in kinds], fontsize=8)
+    memory_ax.set(ylabel="peak RSS (GB), one process", title=f"memory at {CONTEXTS[-1] // 1024}K tokens")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def label_of(kind: str) -> str:
+    return LABELS.get(kind) or f"Quest K=32, {KINDS[kind][1]} cache"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--prefill-tokens", type=lambda text: tuple(int(t) for t in text.split(",")),
-                        default=PREFILL_TOKENS, help="prompt lengths of the prefill runs, comma-separated")
+    parser.add_argument("--prefill-tokens", type=lambda text: tuple(int(t) for t in text.split(",") if t),
+                        default=PREFILL_TOKENS, help="prompt lengths of the prefill runs, comma-separated ('' for none)")
     args = parser.parse_args(argv)
-    from quest_ort.runtime.model import QuestModel
+    from .gqa_int8 import MODEL_FILE
 
     folders = ensure_models()
-    quest = QuestModel(folders["quest"], threads=args.threads)
-    gqa = QuestModel(folders["gqa"], threads=args.threads)
+    models = {kind: open_model(kind, folder, args.threads) for kind, folder in folders.items()}
+    quest = models["quest-float16"]
     settings = quest.sidecar.settings
-    label = f"Quest K={settings.top_k} P={settings.block_size} {settings.group_reduce}"
-    cache = quest.new_cache(1, CAPACITY)
-    # Both models read the same key/value buffers (same layout), so they decode the same context.
-    gqa_cache = sharing_cache(gqa, cache)
+    caches = {"quest-float16": quest.new_cache(1, CAPACITY), "quest-int8": models["quest-int8"].new_cache(1, CAPACITY),
+              "gqa-int8": models["gqa-int8"].new_cache(1, CAPACITY)}
+    # The two float16 models read the same key/value buffers (same layout), so they decode the same context.
+    caches["gqa-float16"] = sharing_cache(models["gqa-float16"], caches["quest-float16"])
     rng = np.random.default_rng(0)
-    rows = []
+    rows, speedups = [], {}
     for context in CONTEXTS:
-        fill(quest, cache, context, rng)
-        for kind, model, model_cache in (("quest", quest, cache), ("gqa", gqa, gqa_cache)):
-            ms = decode_ms(model, model_cache, context, args.steps)
-            rows.append(dict(model=kind, context=context, ms_per_token=round(ms, 2), threads=args.threads))
-            print(f"C={context:6d} {kind:<6} {ms:8.1f} ms/token", flush=True)
-    speedups = {c: next(r["ms_per_token"] for r in rows if r["model"] == "gqa" and r["context"] == c)
-                / next(r["ms_per_token"] for r in rows if r["model"] == "quest" and r["context"] == c) for c in CONTEXTS}
-    print("speedup:", {c: round(s, 2) for c, s in speedups.items()})
-    del cache, gqa_cache
-    # The two models stay loaded for the side-by-side prefill (about 5 GB here); the per-process
-    # runs measure their own peaks, which this process does not touch.
-    prefill = prefill_pairs(folders, dict(quest=quest, gqa=gqa), args.prefill_tokens, args.threads)
+        for kind in ("quest-float16", "quest-int8", "gqa-int8"):
+            fill(caches[kind], context, settings.block_size, rng)
+        ms = decode_round_robin(models, caches, context, args.steps)
+        for kind, value in ms.items():
+            rows.append(dict(model=kind, context=context, ms_per_token=round(value, 2), threads=args.threads))
+        speedups[str(context)] = ratios(ms)
+        print(f"C={context:6d} " + "  ".join(f"{kind} {value:7.1f}" for kind, value in ms.items()) + " ms/token",
+              flush=True)
+        print(f"          times faster: {speedups[str(context)]}", flush=True)
+    del caches
+    memory = peak_memory(folders, CONTEXTS[-1], args.threads, args.steps)
+    # The float16 models stay loaded for the side-by-side prefill; the per-process runs measure their
+    # own peaks, which this process does not touch.
+    float16 = {kind: models[kind] for kind in ("quest-float16", "gqa-float16")}
+    prefill = prefill_pairs(folders, float16, args.prefill_tokens, args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    report = dict(geometry=GEOMETRY, kv_dtype=settings.kv_dtype, top_k=settings.top_k, block_size=settings.block_size,
-                  group_reduce=settings.group_reduce, bounds_dtype=settings.bounds_dtype, threads=args.threads,
-                  decode=rows, speedup={str(c): round(s, 2) for c, s in speedups.items()}, prefill=prefill)
+    report = dict(geometry=GEOMETRY, weights=WEIGHTS, top_k=settings.top_k, block_size=settings.block_size,
+                  group_reduce=settings.group_reduce, bounds_dtype=quest.sidecar.bounds_dtype, threads=args.threads,
+                  models={kind: dict(folder=str(folders[kind].relative_to(ROOT)), attention=KINDS[kind][0],
+                                     kv_dtype=KINDS[kind][1], graph=MODEL_FILE if kind == "gqa-int8" else
+                                     models[kind].sidecar.model_file) for kind in KINDS},
+                  decode=rows, speedup=speedups, memory_at=CONTEXTS[-1], memory=memory, prefill=prefill)
     (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
-    plot(rows, RESULTS / "e2e.png", label,
-         f"Qwen3-0.6B geometry, {settings.kv_dtype} KV, {quest.sidecar.geometry.num_layers} layers")
+    plot(rows, memory, RESULTS / "e2e.png",
+         f"Qwen3-0.6B geometry, {WEIGHTS} weights, {quest.sidecar.geometry.num_layers} layers, {args.threads} threads")
     print(f"wrote {RESULTS / 'e2e.json'} and e2e.png")
 
 

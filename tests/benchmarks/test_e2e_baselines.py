@@ -1,0 +1,74 @@
+"""bench_e2e's own pieces on tiny exports: ONNX Runtime's int8-cache GroupQueryAttention variant decodes what its float16 twin decodes, and the synthetic int8 fill bounds what the cache holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks import bench_e2e, gqa_int8
+from quest_ort.apps.pipeline import export_sparse
+from quest_ort.export.rewrite import SparseSettings
+from quest_ort.runtime.model import QuestModel
+from support.export_models import tiny_model
+
+CAPACITY, CONTEXT = 256, 150
+
+
+@pytest.fixture(scope="module")
+def gqa_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("e2e") / "gqa"
+    export_sparse("llama", output=folder, settings=SparseSettings(top_k=2, block_size=16, dense_layers=(0,),
+                                                                  kv_dtype="float16", attention="gqa"),
+                  model=str(tiny_model("llama").checkpoint), capacity=CAPACITY, log=lambda *a, **k: None)
+    return folder
+
+
+def test_the_int8_cache_variant_decodes_like_the_float16_graph_and_writes_the_token_in_place(gqa_folder):
+    rng = np.random.default_rng(0)
+    dense = QuestModel(gqa_folder, threads=1)
+    int8 = gqa_int8.Int8CacheGqa(gqa_folder, threads=1)
+    dense_cache, int8_cache = dense.new_cache(1, CAPACITY), int8.new_cache(1, CAPACITY)
+    for dense_layer, int8_layer in zip(dense_cache.layers, int8_cache.layers, strict=True):
+        for dense_array, int8_array in ((dense_layer.key, int8_layer.key), (dense_layer.value, int8_layer.value)):
+            codes = rng.integers(-127, 128, dense_array.shape, dtype=np.int8)
+            int8_array[...] = codes
+            dense_array[...] = codes * np.float16(gqa_int8.SCALE)  # the values the int8 cache stands for
+    dense_cache.lengths[:] = int8_cache.lengths[:] = CONTEXT
+    token = np.array([[5]], np.int64)
+    expected, got = dense.step(dense_cache, token), int8.step(int8_cache, token)
+    assert int8_cache.lengths.tolist() == [CONTEXT + 1]
+    spread = float(np.std(expected))
+    assert np.abs(got - expected).max() < 0.05 * spread, (np.abs(got - expected).max(), spread)
+    # The new token's key went into row CONTEXT in place, quantized by the static scale.
+    written = int8_cache.layers[1].key[0, :, CONTEXT].astype(np.float32) * gqa_int8.SCALE
+    reference = dense_cache.layers[1].key[0, :, CONTEXT].astype(np.float32)
+    assert np.abs(written - reference).max() <= gqa_int8.SCALE / 2 + 1e-3
+
+
+def test_the_variant_is_refused_for_a_quest_export(tmp_path):
+    folder = tmp_path / "quest"
+    export_sparse("llama", output=folder, settings=SparseSettings(top_k=2, block_size=16, dense_layers=(0,)),
+                  model=str(tiny_model("llama").checkpoint), capacity=CAPACITY, log=lambda *a, **k: None)
+    with pytest.raises(ValueError, match="not a GroupQueryAttention baseline export"):
+        gqa_int8.write_int8_variant(folder)
+
+
+def test_the_synthetic_int8_fill_bounds_the_keys_the_cache_holds(tmp_path):
+    folder = tmp_path / "int8"
+    export_sparse("llama", output=folder, settings=SparseSettings(top_k=2, block_size=16, dense_layers=(0,),
+                                                                  kv_dtype="int8"),
+                  model=str(tiny_model("llama").checkpoint), capacity=CAPACITY, log=lambda *a, **k: None)
+    model = QuestModel(folder, threads=1)
+    cache = model.new_cache(1, CAPACITY)
+    bench_e2e.fill(cache, CONTEXT, 16, np.random.default_rng(0))
+    sparse = [layer for layer in cache.layers if layer.block_max is not None]
+    assert sparse and cache.lengths.tolist() == [CONTEXT]
+    for layer in sparse:
+        keys = layer.key[0, :, :CONTEXT].astype(np.float32) * layer.key_scale[0, :, :CONTEXT, None].astype(np.float32)
+        blocks = -(-CONTEXT // 16)
+        padded = np.full((keys.shape[0], blocks * 16, keys.shape[-1]), np.nan, np.float32)
+        padded[:, :CONTEXT] = keys
+        by_block = padded.reshape(keys.shape[0], blocks, 16, -1)
+        assert (layer.block_max[0, :, :blocks] >= np.nanmax(by_block, axis=2)).all()
+        assert (layer.block_min[0, :, :blocks] <= np.nanmin(by_block, axis=2)).all()
+    model.step(cache, np.array([[3]], np.int64))  # and the model decodes from it
