@@ -204,10 +204,13 @@ def cache_type_table(model) -> list[str]:
                 for n in lengths]
         ppl = {r["measure"]: r["perplexity"] for r in types["perplexity"] if r["kv_dtype"] == dtype}
         cells = [f"{ppl[m]:.3f} ({(ppl[m] / baseline[m] - 1) * 100:+.2f}%)" for m in MEASURES]
-        lines.append(f"| {dtype} | " + " | ".join(keys + cells) + " |")
+        refused = "†" if dtype in types.get("refused", {}) else ""
+        lines.append(f"| {dtype}{refused} | " + " | ".join(keys + cells) + " |")
+    notes = [f"†: `export-sparse --kv-dtype {dtype}` refuses this model ({message}); measured on an export "
+             "without validation." for dtype, message in types.get("refused", {}).items()]
     return ["The default export with each KV cache type (every other setting the default's), through "
             "`Generator(model).generate` and the perplexity measures at the default budget; in brackets the "
-            f"change against {types['kv_dtypes'][0]}:", ""] + lines + [""]
+            f"change against {types['kv_dtypes'][0]}:", ""] + lines + [""] + ([" ".join(notes), ""] if notes else [])
 
 
 def _model_header(model) -> list[str]:

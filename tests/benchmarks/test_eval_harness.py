@@ -32,6 +32,13 @@ class ByteTokenizer:
         return bytes(ids).decode("latin-1")
 
 
+class ChatByteTokenizer(ByteTokenizer):
+    """With a chat template: the messages' text, as bytes."""
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        return self("".join(message["content"] for message in messages)).input_ids
+
+
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     tiny = tiny_model("llama")
@@ -292,3 +299,29 @@ def test_pass_key_prompt_places_one_needle_at_its_depth_in_natural_text(depth):
     assert abs(position - depth) < 0.03
     sentences = [s for s in prompt[filler_start:filler_end].split(".") if len(s) > 40]
     assert len(set(sentences)) == len(sentences), "the filler repeats a sentence"
+
+
+def test_the_cache_type_comparison_measures_an_export_its_validation_refuses(tmp_path, monkeypatch):
+    """`--only-cache-types` on a model whose int8 export the validation refuses (here: a zero
+    tolerance): the refusal is recorded and named in the report, the export measured all the same."""
+    import types
+
+    from quest_ort.apps import validate
+    from quest_ort.export import weights
+
+    tiny = tiny_model("llama")
+    monkeypatch.setitem(weights.CHECKPOINTS, "tiny-llama", types.SimpleNamespace(family="llama", title="tiny"))
+    monkeypatch.setattr(weights, "checkpoint", lambda name, root: tiny.checkpoint)
+    monkeypatch.setattr(eval_quality, "WORK", tmp_path)
+    monkeypatch.setitem(validate.LOGIT_TOLERANCE, "int8", 0.0)
+    plan = eval_quality.Plan({160: 1}, depths=(0.5,), perplexity_tokens=320, continuation_from=160)
+    args = types.SimpleNamespace(reuse_exports=False, threads=1)
+    result = eval_quality.run_cache_types("tiny-llama", plan, args, eval_quality.Clock(), ChatByteTokenizer())
+    assert list(result["refused"]) == ["int8"] and "validation failed" in result["refused"]["int8"]
+    assert sorted(r["kv_dtype"] for r in result["pass_key"]) == ["float16", "int8"]
+    assert sorted((r["kv_dtype"], r["measure"]) for r in result["perplexity"]) == sorted(
+        (dtype, measure) for dtype in ("float16", "int8") for measure in ("every token sparse", "continuation"))
+    assert all(np.isfinite(r["perplexity"]) for r in result["perplexity"])
+    model = dict(cache_types=result, lengths={"160": 1})
+    table = "\n".join(quality_report.cache_type_table(model))
+    assert "| int8† |" in table and "| float16 |" in table and "--kv-dtype int8` refuses this model" in table, table
