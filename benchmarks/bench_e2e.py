@@ -44,6 +44,7 @@ WEIGHTS = "int4"
 KINDS = {"quest-float16": ("quest", "float16"), "quest-int8": ("quest", "int8"),
          "gqa-float16": ("gqa", "float16"), "gqa-int8": ("gqa", "int8")}
 LABELS = {"gqa-float16": "GroupQueryAttention, float16 cache", "gqa-int8": "GroupQueryAttention, int8 cache (ORT)"}
+SETTLE_S = 0.1  # the untimed pause before each timed decode step (decode_round_robin)
 INT8_SCALE = 0.03  # the row scale of the Quest int8 caches' random codes (any scale costs the same)
 
 
@@ -118,7 +119,10 @@ def fill(cache, context: int, block_size: int | None, rng) -> None:
 
 def decode_round_robin(models: dict, caches: dict, context: int, steps: int) -> dict[str, float]:
     """Median ms per decode step of each model at `context` cached tokens: `steps` rounds (after
-    one warm-up round) in which every model decodes one token, the order turning each round."""
+    one warm-up round) in which every model decodes one token, the order turning each round. Each
+    step follows an untimed pause: ONNX Runtime's pool threads spin on after a run, and the last
+    session's spinning threads would take the cores from the next one's (measured: the Quest
+    models' 32K step took 160 ms in turns without the pause, 89-104 ms alone)."""
     token = np.array([[7]], np.int64)
     times = {kind: [] for kind in models}
     kinds = list(models)
@@ -126,6 +130,7 @@ def decode_round_robin(models: dict, caches: dict, context: int, steps: int) -> 
         for kind in kinds[round_ % len(kinds):] + kinds[: round_ % len(kinds)]:
             cache = caches[kind]
             cache.lengths[:] = context  # every step decodes at the same position, so the cost is comparable
+            time.sleep(SETTLE_S)
             begin = time.perf_counter()
             models[kind].step(cache, token)
             if round_:
@@ -259,21 +264,27 @@ def main(argv=None):
               flush=True)
         print(f"          times faster: {speedups[str(context)]}", flush=True)
     del caches
-    memory = peak_memory(folders, CONTEXTS[-1], args.threads, args.steps)
-    # The float16 models stay loaded for the side-by-side prefill; the per-process runs measure their
-    # own peaks, which this process does not touch.
-    float16 = {kind: models[kind] for kind in ("quest-float16", "gqa-float16")}
-    prefill = prefill_pairs(folders, float16, args.prefill_tokens, args.threads)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     report = dict(geometry=GEOMETRY, weights=WEIGHTS, top_k=settings.top_k, block_size=settings.block_size,
                   group_reduce=settings.group_reduce, bounds_dtype=quest.sidecar.bounds_dtype, threads=args.threads,
                   models={kind: dict(folder=str(folders[kind].relative_to(ROOT)), attention=KINDS[kind][0],
                                      kv_dtype=KINDS[kind][1], graph=MODEL_FILE if kind == "gqa-int8" else
                                      models[kind].sidecar.model_file) for kind in KINDS},
-                  decode=rows, speedup=speedups, memory_at=CONTEXTS[-1], memory=memory, prefill=prefill)
-    (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
-    plot(rows, memory, RESULTS / "e2e.png",
-         f"Qwen3-0.6B geometry, {WEIGHTS} weights, {quest.sidecar.geometry.num_layers} layers, {args.threads} threads")
+                  decode=rows, speedup=speedups, memory_at=CONTEXTS[-1], memory={}, prefill=[])
+    title = f"Qwen3-0.6B geometry, {WEIGHTS} weights, {quest.sidecar.geometry.num_layers} layers, {args.threads} threads"
+
+    def save() -> None:  # after each part: a later failure loses nothing measured
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
+        plot(rows, report["memory"], RESULTS / "e2e.png", title)
+
+    save()
+    report["memory"] = peak_memory(folders, CONTEXTS[-1], args.threads, args.steps)
+    save()
+    # The float16 models stay loaded for the side-by-side prefill; the per-process runs measure their
+    # own peaks, which this process does not touch.
+    float16 = {kind: models[kind] for kind in ("quest-float16", "gqa-float16")}
+    report["prefill"] = prefill_pairs(folders, float16, args.prefill_tokens, args.threads)
+    save()
     print(f"wrote {RESULTS / 'e2e.json'} and e2e.png")
 
 
