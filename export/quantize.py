@@ -10,8 +10,8 @@ Which weights: every MatMul whose weight is a constant float matrix. In the expo
 the q/k/v/o projections, the MLP's gate/up/down and the LM head (which keeps its own transposed copy
 of a tied embedding). With int4 also the token embedding, a Gather of a constant matrix, into
 com.microsoft.GatherBlockQuantized (the quantizer packs Gathers in 4 bits only): a float32
-embedding is most of an int4 folder (544 of Qwen2.5-Coder's 854 MB) and is resident all along. How (measured in docs/export.md):
-round to nearest in blocks of 32 along K, symmetric (no zero points), with accuracy level 4
+embedding is most of an int4 folder (544 of Qwen2.5-Coder's 854 MB) and is resident all along.
+How (measured in docs/export.md): round to nearest in blocks of 32 along K, symmetric (no zero points), with accuracy level 4
 (MatMulNBits quantizes the activations to int8 per block and multiplies in integers): ONNX
 Runtime's fast CPU path, where int8 weights decoded SmolLM2 about 20 times and int4 about twice as
 fast as at level 0 (float activations). Asymmetric blocks lose far more on GGUF sources, whose
