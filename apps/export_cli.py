@@ -99,6 +99,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", choices=("float32", "float16", "int8"), default="float32",
                    help="storage type of the KV caches (default float32); int8: one float16 scale per row, "
                    "written with each token (docs/ops.md, int8 caches)")
+    p.add_argument("--no-key-smoothing", action="store_true",
+                   help="with --kv-dtype int8: cache the keys as they are, not rescaled per channel by the powers "
+                   "of two measured on the source graph (docs/ops.md, int8 caches; for comparisons)")
     p.add_argument("--bounds-dtype", choices=("float16", "float32"), default=None,
                    help="storage type of the block bounds (default float16, rounded outward so they still bound "
                    "every key: half the bytes a decode step's selection reads; with --score probe, the KV dtype)")
@@ -131,6 +134,7 @@ def main(argv=None) -> int:
         group_reduce=args.group_reduce, importance_fraction=args.importance_fraction,
         dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, bounds_dtype=args.bounds_dtype, attention=args.attention,
         score=args.score, num_probes=args.num_probes, portable=args.portable, weights=args.weights,
+        key_smoothing=not args.no_key_smoothing,
     )
     output = args.output or pathlib.Path(f"{args.family}-{args.attention}-k{args.k}")
     try:

@@ -3,11 +3,13 @@
 Both entry points run one skeleton; only how the source graph is obtained differs:
 ```
 export_sparse: build or load the checkpoint -> optimum export --.
-rewrite_onnx:  check and load the .onnx file -------------------+-> rewrite attention -> save (checked)
-      -> validate against the source [-> quantize the weights -> validate their drift] -> place
+rewrite_onnx:  check and load the .onnx file -------------------+-> [measure the key ranges] -> rewrite
+      attention -> save (checked) -> validate against the source
+      [-> quantize the weights -> validate their drift] -> place
 ```
-(the bracketed steps with `settings.weights` int8 or int4: the float folder is validated exactly,
-then quantized in place; only the quantized files reach the output)
+(the bracketed steps: with int8 caches, the key channels' ranges measured on the source graph
+(apps/calibrate.py); with `settings.weights` int8 or int4, the float folder is validated exactly,
+then quantized in place, and only the quantized files reach the output)
 Each long step is announced; nothing is written to the output folder unless every step succeeds
 (the work happens in a temporary folder next to it and is moved into place at the end).
 """
@@ -28,6 +30,7 @@ from ..export.steps import (eos_ids, fit_dense_layers, geometry_from_config, opt
                             save_folder)
 from ..model_folder.safety import check_external_data
 from ..model_folder.settings import Geometry
+from .calibrate import CALIBRATION_TOKENS, calibrate_key_factors
 from .validate import WeightDrift, validate_export, validate_weights
 
 
@@ -117,7 +120,7 @@ def export_sparse(
                        int(config["vocab_size"]), checkpoint)
 
     inputs = [pathlib.Path(model)] if model and pathlib.Path(model).exists() else []
-    return _export(source, 2, "the optimum model", output, inputs, overwrite, validate, settings.weights, log)
+    return _export(source, 2, "the optimum model", output, inputs, overwrite, validate, settings, log)
 
 
 def rewrite_onnx(
@@ -156,24 +159,32 @@ def rewrite_onnx(
                        str(model_path), capacity or default_capacity, None, model_path.parent,
                        eos=genai.eos_token_ids if genai is not None else None)
 
-    return _export(source, 1, model_path.name, output, [model_path], overwrite, validate, settings.weights, log)
+    return _export(source, 1, model_path.name, output, [model_path], overwrite, validate, settings, log)
 
 
 def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: int, reference: str,
-            output: pathlib.Path, inputs: list[pathlib.Path], overwrite: bool, validate: bool, weights: str,
-            log) -> ExportReport:
+            output: pathlib.Path, inputs: list[pathlib.Path], overwrite: bool, validate: bool,
+            settings: SparseSettings, log) -> ExportReport:
     """The skeleton both entry points share: `source` announces its `source_steps` steps and returns
-    the graph; `reference` names that graph in the validation step; `weights` is the settings'."""
+    the graph; `reference` names that graph in the validation and calibration steps."""
     output = prepare_output(output, overwrite, inputs)
     begin = time.perf_counter()
+    weights = settings.weights
     quantize = weights != "float"
-    progress = Progress(source_steps + 2 + bool(validate) + quantize * (1 + bool(validate)), log)
+    smoothing = settings.kv_dtype == "int8" and settings.key_smoothing
+    progress = Progress(source_steps + 2 + smoothing + bool(validate) + quantize * (1 + bool(validate)), log)
     with tempfile.TemporaryDirectory(prefix=".quest-export-", dir=output.parent) as work_name:
         work = pathlib.Path(work_name)
         graph = source(work, progress)
-        progress.step(f"rewriting {graph.geometry.num_layers} attention layers into Quest ops")
-        counts = rewrite_attention(graph.model, graph.settings, graph.geometry, capacity=graph.capacity)
         vocab = graph.vocab if graph.vocab is not None else _logits_vocab(graph.model)
+        key_factors = None
+        if smoothing:
+            progress.step(f"measuring the key channels' ranges for the int8 cache ({CALIBRATION_TOKENS} random "
+                          f"tokens through {reference})")
+            key_factors = calibrate_key_factors(graph.path, graph.geometry, vocab)
+        progress.step(f"rewriting {graph.geometry.num_layers} attention layers into Quest ops")
+        counts = rewrite_attention(graph.model, graph.settings, graph.geometry, capacity=graph.capacity,
+                                   key_factors=key_factors)
         progress.step("checking and saving")
         # saved float first (the rewrite is validated exactly), quantized below
         float_settings = dataclasses.replace(graph.settings, weights="float")

@@ -59,6 +59,7 @@ class SourceRunner:
         self.int8_activations = any(node.op_type == "MatMulNBits" and node.attributes.get_int("accuracy_level", 0) == 4
                                     for node in graph)
         self.presents = {slot.present_key.name: slot.past_key.name for slot in slots}
+        self.key_layers = {slot.past_key.name: slot.index for slot in slots}  # past key input -> layer
         self.presents.update({slot.present_value.name: slot.past_value.name for slot in slots})
         options = ort.SessionOptions()
         options.log_severity_level = 3

@@ -98,6 +98,7 @@ def save_folder(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry
         model_file=MODEL_FILE, family=family, source=source, geometry=geometry,
         # as exported: the cache and bound dtypes resolved, the dense layers those the model has
         settings=dataclasses.replace(settings, kv_dtype=settings.kv_dtype or geometry.activation_dtype,
+                                     key_smoothing=settings.key_smoothing and settings.kv_dtype == "int8",
                                      bounds_dtype=_bounds_dtype(onnx_model), dense_layers=tuple(counts["dense_layers"]),
                                      track_importance=tracks_importance(layers)),
         vocab_size=vocab, capacity=capacity, sparse_layers=counts["sparse_layers"], layers=layers,

@@ -169,6 +169,7 @@ class _Checker:
             self.check_pairs()
         self.check_io()
         self.check_attributes(quest + gqa)
+        self.check_key_smoothing(quest)
         self.check_weights()
 
     # -- layers: names by role, read from the nodes' slots -----------------------------------------
@@ -334,6 +335,22 @@ class _Checker:
                     field = "kv_dtype" if name == "key_cache_type" else name
                     self.disagree(field, described[field],
                                   f"{node.op_type} node {node.name!r}{where} has {name} = {found!r}")
+
+    # -- int8 caches' key smoothing -------------------------------------------------------------------
+
+    def check_key_smoothing(self, quest: list) -> None:
+        """key_smoothing: every attention node's query and new keys come out of a Mul by a constant
+        (apps/calibrate.py's factors)."""
+        if not self.s.settings.key_smoothing:
+            return
+        constants = {t.name for t in self.graph.initializer}
+        constants |= {o for n in self.nodes if n.op_type == "Constant" for o in n.output}
+        for node in (n for n in quest if n.op_type == "SparseBlockAttention"):
+            for role, name in (("query", node.input[0]), ("key", node.input[1])):
+                producer = self.producer.get(name)
+                if producer is None or producer.op_type != "Mul" or not any(i in constants for i in producer.input):
+                    self.disagree("key_smoothing", True, f"SparseBlockAttention node {node.name!r} takes its {role} "
+                                  f"{name!r} unscaled (not from a Mul by a constant)")
 
     # -- quantized weights -----------------------------------------------------------------------------
 

@@ -51,6 +51,10 @@ class SparseSettings:
     # into SparseBlockSelect; on by default when importance_fraction > 0.
     track_importance: bool | None = None
     weights: str = "float"  # one of WEIGHT_TYPES
+    # int8 caches: the keys' channels rescaled by powers of two measured on the source graph, the
+    # queries by the inverse, so that one scale per row suits every channel (apps/calibrate.py).
+    # A folder records whether its graph does it (false with float caches).
+    key_smoothing: bool = True
 
     def __post_init__(self):
         for name in ATTRIBUTE_SETTINGS:

@@ -68,17 +68,17 @@ _JSON_KEYS = ("model_file", "family", "source", "num_layers", "num_heads", "kv_n
               "activation_dtype", "kv_dtype", "capacity", "block_size", "top_k", "sink_blocks", "recent_blocks",
               "group_reduce", "importance_fraction", "sparse_layers", "dense_layers", "layers", "inputs", "outputs",
               "eos_token_ids", "tokenizer", "attention", "score", "num_probes", "portable", "bounds_dtype", "weights",
-              "exporter", "format")
+              "key_smoothing", "exporter", "format")
 # Fields older exports lack, and the values they mean there.
 _JSON_DEFAULTS = {
     "inputs": lambda: {"input_ids": "input_ids", "past_lens": "past_lens", "total_lens": "total_lens"},
     "outputs": lambda: {"logits": "logits"},
     "eos_token_ids": list, "tokenizer": lambda: None, "attention": lambda: "quest", "score": lambda: "bound",
     "num_probes": lambda: 8, "portable": lambda: False, "bounds_dtype": lambda: None, "exporter": dict,
-    "weights": lambda: "float",
+    "weights": lambda: "float", "key_smoothing": lambda: False,
 }
 # Fields left out of the JSON when they hold their default (their absence says it).
-_WRITTEN_UNLESS_DEFAULT = ("weights",)
+_WRITTEN_UNLESS_DEFAULT = ("weights", "key_smoothing")
 
 
 @dataclasses.dataclass
@@ -222,8 +222,11 @@ def _check_fields(data: dict, problem) -> None:
     for field in _STRING_FIELDS:
         if not isinstance(data[field], str) or not data[field]:
             raise problem(field, f"must be a non-empty string, got {data[field]!r}")
-    if not isinstance(data["portable"], bool):
-        raise problem("portable", f"must be true or false, got {data['portable']!r}")
+    for field in ("portable", "key_smoothing"):
+        if not isinstance(data[field], bool):
+            raise problem(field, f"must be true or false, got {data[field]!r}")
+    if data["key_smoothing"] and data["kv_dtype"] != "int8":
+        raise problem("key_smoothing", f"is true, but kv_dtype is {data['kv_dtype']!r}: only int8 caches are smoothed")
     if not isinstance(data["exporter"], dict):
         raise problem("exporter", f"must be an object, got {data['exporter']!r}")
     _check_layers(data, problem)

@@ -156,10 +156,11 @@ def _unmatched_reason(model: ir.Model, rule, slot: LayerSlot) -> str:
 
 
 def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geometry | None = None,
-                      capacity: int = 8192) -> dict:
+                      capacity: int = 8192, key_factors: dict | None = None) -> dict:
     """Rewrite every attention layer in place; return the counts. Raises ExportError naming the
     layers that did not match or were refused (the model is then left unusable: rewrite a copy).
-    `capacity`: the longest context the model is exported for; masks are probed up to it."""
+    `capacity`: the longest context the model is exported for; masks are probed up to it.
+    `key_factors`: with int8 caches, each layer's key channel factors [N, D] (apps/calibrate.py)."""
     graph = model.graph
     kind = detect_kind(graph)
     slots = find_layers(graph, kind)
@@ -170,7 +171,7 @@ def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geome
     if input_ids is None:
         raise ExportError("the model has no input_ids input")
     batch = input_ids.shape[0] if input_ids.shape is not None else "batch_size"
-    context = RewriteContext(settings, geometry, batch_dim=str(batch), graph=graph)
+    context = RewriteContext(settings, geometry, batch_dim=str(batch), graph=graph, key_factors=key_factors)
     for slot in slots:
         context.cache_inputs[id(slot.past_key)] = slot.index
         context.cache_inputs[id(slot.past_value)] = slot.index

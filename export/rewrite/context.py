@@ -30,7 +30,7 @@ class RewriteContext:
     """
 
     def __init__(self, settings: SparseSettings, geometry: Geometry, batch_dim: str = "batch_size",
-                 graph: ir.Graph | None = None):
+                 graph: ir.Graph | None = None, key_factors: dict | None = None):
         self.graph = graph
         self.settings = settings
         self.geometry = geometry
@@ -70,6 +70,9 @@ class RewriteContext:
                 for role, values in (("key", self.key_scale), ("value", self.value_scale)):
                     values[layer] = input_value(f"past_{role}_scale.{layer}", ir.DataType.FLOAT16,
                                                 [batch_dim, N, "capacity"])
+        # int8 caches: layer -> key channel factors [N, D] (apps/calibrate.py); keys enter the ops divided
+        # by them, queries multiplied.
+        self.key_factors = dict(key_factors or {}) if self.int8 else {}
         self.rewritten: dict[int, str] = {}  # layer -> rule name
         self.cache_inputs: dict[int, int] = {}  # id(past key or value input) -> layer
         self.positions: ir.Value | None = None  # [B, S] int64 past_lens + i, for rules that apply RoPE
@@ -113,6 +116,8 @@ class RewriteContext:
         if s.attention == "gqa":
             return self._emit_gqa(op, layer, rule, query, key, value, key_cache, value_cache, scale, softcap)
         heads = dict(num_heads=g.num_heads, kv_num_heads=g.kv_num_heads, block_size=s.block_size)
+        if layer in self.key_factors:
+            query, key = self._smooth_keys(op, layer, query, key)
         indices = None
         importance = self.block_importance.get(layer)
         if self.is_sparse(layer):
@@ -147,6 +152,28 @@ class RewriteContext:
             self.graph.outputs.append(self.importance_outputs[layer])
         self.rewritten[layer] = rule
         return output, key_out, value_out
+
+    def _smooth_keys(self, op, layer: int, query, key):
+        """query * f, key / f with the layer's power-of-two key channel factors f [N, D] (each query
+        head takes its KV head's): q . k is unchanged, the cached channels have comparable ranges.
+
+        ```
+        query [B,H,S,D] -Mul(f per query head [H,1,D])->  query'
+        key   [B,N,S,D] -Mul(1 / f          [N,1,D])->  key'
+        ```
+        """
+        import numpy as np
+
+        g = self.geometry
+        factors = np.asarray(self.key_factors[layer], np.float32)
+        if factors.shape != (g.kv_num_heads, g.head_dim):
+            raise ValueError(f"layer {layer}: key factors of shape {factors.shape}, expected "
+                             f"{(g.kv_num_heads, g.head_dim)}")
+        dtype = np.dtype(self.geometry.activation_dtype)
+        per_query_head = np.repeat(factors, g.num_heads // g.kv_num_heads, axis=0)[:, None, :]
+        query = op.Mul(query, op.Constant(value=ir.tensor(per_query_head.astype(dtype))))
+        key = op.Mul(key, op.Constant(value=ir.tensor((1.0 / factors)[:, None, :].astype(dtype))))
+        return query, key
 
     def _emit_gqa(self, op, layer, rule, query, key, value, key_cache, value_cache, scale, softcap):
         """The dense baseline: ONNX Runtime's GroupQueryAttention over the shared past/present buffer.

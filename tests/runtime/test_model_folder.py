@@ -205,7 +205,8 @@ INT8_DISAGREEMENTS = [
      ["layers[1].past_key_scale", "'past_value_scale.1'", "'past_key_scale.1'"]),
     ("scales swapped between layers", lambda d: _swap(_layers(d), (0, "present_key_scale"), (2, "present_key_scale")),
      ["layers[0].present_key_scale", "'present_key_scale.2'", "'present_key_scale.0'"]),
-    ("float16 declared", lambda d: d.update(kv_dtype="float16"), ["layers[0]", "scale", "'float16'"]),
+    ("float16 declared", lambda d: (d.pop("key_smoothing"), d.update(kv_dtype="float16")),
+     ["layers[0]", "scale", "'float16'"]),
     ("a scale left out", lambda d: _layers(d)[2].pop("past_value_scale"), ["layers[2]", "scale", "'int8'"]),
 ]
 
@@ -275,6 +276,9 @@ BAD_SIDECARS = [
     ("importance_fraction NaN", lambda d: d.update(importance_fraction=math.nan), ["importance_fraction", "nan"]),
     ("group_reduce unknown", lambda d: d.update(group_reduce="median"), ["group_reduce", "'median'"]),
     ("kv_dtype unknown", lambda d: d.update(kv_dtype="int8"), ["kv_dtype", "'int8'"]),
+    ("key_smoothing not a bool", lambda d: d.update(key_smoothing="yes"), ["key_smoothing", "'yes'", "true or false"]),
+    ("key_smoothing with float caches", lambda d: d.update(key_smoothing=True),
+     ["key_smoothing", "kv_dtype", "'float32'"]),
     ("a field missing", lambda d: d.pop("head_dim"), ["missing", "head_dim"]),
     ("a cache named twice", lambda d: d["layers"][2].update(past_key="past_key.1"), ["past_key.1", "twice"]),
     ("a layer field unknown", lambda d: d["layers"][0].update(past_query="q"), ["layers[0]", "past_query"]),
