@@ -154,15 +154,17 @@ def main(argv=None) -> int:
           f"dense {counts['dense_layers']}")
     if report.validation_max_abs_diff is not None:
         source = "the input graph" if args.family == "onnx" else "the optimum graph"
-        print(f"validation: max |logit difference| vs {source} = {report.validation_max_abs_diff:.2e}")
+        twin = " (the rewrite with caches of the activation type)" if report.cache_drift is not None else ""
+        print(f"validation{twin}: max |logit difference| vs {source} = {report.validation_max_abs_diff:.2e}")
     if report.quantized is not None:
         quantized = report.quantized
         lookups = f" and {len(quantized.gathers)} embedding table{'s' * (len(quantized.gathers) > 1)}" if quantized.gathers else ""
         print(f"weights: {len(quantized.matmuls)} MatMul weights{lookups} quantized to {quantized.weights}")
-    if report.weight_drift is not None:
-        drift = report.weight_drift
-        print(f"validation of the {drift.weights} weights: relative logit error vs the float source = "
-              f"{drift.relative_error:.3f} (tolerance {drift.tolerance:g}), max |logit difference| {drift.max_abs_diff:.3g}")
+    for drift in (report.cache_drift, report.weight_drift):
+        if drift is not None:
+            print(f"validation of the {drift.what}: relative logit error vs the float source = "
+                  f"{drift.relative_error:.3f} (tolerance {drift.tolerance:.3g}), max |logit difference| "
+                  f"{drift.max_abs_diff:.3g}")
     print(f"wrote {report.output} in {report.seconds:.1f}s")
     return 0
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import shutil
 import tempfile
 import time
 from typing import Callable
@@ -30,8 +31,9 @@ from ..export.steps import (eos_ids, fit_dense_layers, geometry_from_config, opt
                             save_folder)
 from ..model_folder.safety import check_external_data
 from ..model_folder.settings import Geometry
+from ..model_folder.sidecar import Sidecar
 from .calibrate import CALIBRATION_TOKENS, calibrate_key_factors
-from .validate import WeightDrift, validate_export, validate_weights
+from .validate import Drift, narrow_cache, validate_drift, validate_export
 
 
 @dataclasses.dataclass
@@ -41,7 +43,8 @@ class ExportReport:
     validation_max_abs_diff: float | None
     seconds: float
     quantized: QuantizedWeights | None = None  # with --weights int8 or int4
-    weight_drift: WeightDrift | None = None  # their validation
+    weight_drift: Drift | None = None  # their validation (with narrow caches, of both)
+    cache_drift: Drift | None = None  # caches narrower than the activations: their validation
 
 
 class Progress:
@@ -191,8 +194,16 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
         eos = eos_ids(graph.folder) if graph.eos is None else graph.eos
         staged, _ = save_folder(graph.model, work, counts, graph.geometry, float_settings, graph.family,
                                 graph.description, graph.capacity, vocab, eos=eos, tokenizer_from=graph.folder)
-        difference = quantized = drift = None
-        if validate:
+        difference = quantized = drift = cache_drift = None
+        if validate and narrow_cache(Sidecar.read(staged)):
+            activation, kv = graph.geometry.activation_dtype, graph.settings.kv_dtype
+            progress.step(f"validating against {reference}: the rewrite with {activation} caches, then the logit "
+                          f"drift of the {kv} caches")
+            twin = _activation_cache_twin(graph, work / "twin", vocab)
+            difference = validate_export(graph.path, twin)
+            shutil.rmtree(twin)
+            cache_drift = validate_drift(graph.path, staged)
+        elif validate:
             progress.step(f"validating against {reference}")
             difference = validate_export(graph.path, staged)
         if quantize:
@@ -202,10 +213,24 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
             quantized = quantize_folder(staged, weights)
             if validate:
                 progress.step(f"measuring the logit drift of the {weights} weights against {reference}")
-                drift = validate_weights(graph.path, staged)
+                drift = validate_drift(graph.path, staged)
         progress.done()
         place(staged, output)
-    return ExportReport(output, counts, difference, time.perf_counter() - begin, quantized, drift)
+    return ExportReport(output, counts, difference, time.perf_counter() - begin, quantized, drift, cache_drift)
+
+
+def _activation_cache_twin(graph: _Source, work: pathlib.Path, vocab: int) -> pathlib.Path:
+    """The source rewritten again with caches of its activation type (no key smoothing), saved under
+    `work`: validate_export checks this rewrite exactly where narrow caches could only drift."""
+    import onnx_ir as ir
+
+    settings = dataclasses.replace(graph.settings, kv_dtype=None, key_smoothing=False, weights="float")
+    model = ir.load(graph.path)
+    counts = rewrite_attention(model, settings, graph.geometry, capacity=graph.capacity)
+    work.mkdir()
+    staged, _ = save_folder(model, work, counts, graph.geometry, settings, graph.family, graph.description,
+                            graph.capacity, vocab, eos=[], tokenizer_from=None)
+    return staged
 
 
 def _logits_vocab(onnx_model) -> int:

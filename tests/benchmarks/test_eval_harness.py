@@ -313,7 +313,7 @@ def test_the_cache_type_comparison_measures_an_export_its_validation_refuses(tmp
     monkeypatch.setitem(weights.CHECKPOINTS, "tiny-llama", types.SimpleNamespace(family="llama", title="tiny"))
     monkeypatch.setattr(weights, "checkpoint", lambda name, root: tiny.checkpoint)
     monkeypatch.setattr(eval_quality, "WORK", tmp_path)
-    monkeypatch.setitem(validate.LOGIT_TOLERANCE, "int8", 0.0)
+    monkeypatch.setitem(validate.CACHE_TOLERANCES, "int8", 0.0)
     plan = eval_quality.Plan({160: 1}, depths=(0.5,), perplexity_tokens=320, continuation_from=160)
     args = types.SimpleNamespace(reuse_exports=False, threads=1)
     result = eval_quality.run_cache_types("tiny-llama", plan, args, eval_quality.Clock(), ChatByteTokenizer())

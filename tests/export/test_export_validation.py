@@ -64,9 +64,11 @@ def test_the_validation_plan_covers_sparse_steps_inside_the_budget_and_passes_it
     assert plan(covered=2048, capacity=300) == [(24, 8, True), (24, 0, False), (296, 4, True)]
 
 
-def test_the_validation_catches_what_only_decode_steps_show(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+def test_the_validation_catches_what_only_decode_steps_show(tmp_path, monkeypatch, kv_dtype):
     """A rewrite whose RoPE positions forget the cached tokens is exact on a prefill from an empty
-    cache (all the old validation ran) and wrong on every decode step."""
+    cache (all the old validation ran) and wrong on every decode step; with int8 caches the same
+    rewrite with float32 caches is validated exactly first, and fails the same way."""
     import onnx_ir as ir
 
     from quest_ort.export import rewrite
@@ -79,6 +81,46 @@ def test_the_validation_catches_what_only_decode_steps_show(tmp_path, monkeypatc
 
     monkeypatch.setattr(rewrite, "positions_from_past_lens", positions_without_past)
     with pytest.raises(ExportError, match="validation failed: .* at decode step 1 after a 8-token prompt"):
-        export_sparse("qwen3", output=tmp_path / "out", settings=SparseSettings(top_k=4, block_size=4),
+        export_sparse("qwen3", output=tmp_path / "out", settings=SparseSettings(top_k=4, block_size=4, kv_dtype=kv_dtype),
                       model=str(tiny_model("qwen3").checkpoint), capacity=256, log=lambda *a, **k: None)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kv_dtype", ["float16", "int8"])
+def test_narrow_caches_validate_the_rewrite_exactly_then_bound_their_drift(tmp_path, monkeypatch, kv_dtype):
+    """Caches narrower than the float32 activations: the rewrite with float32 caches is held to the
+    float32 tolerance, the narrow caches' relative logit error to CACHE_TOLERANCES; past it, the
+    export is refused naming the cache type and the table, and nothing is written."""
+    from quest_ort.apps import validate
+
+    def export(output):
+        return export_sparse("qwen3", output=output, settings=SparseSettings(top_k=4, block_size=4, kv_dtype=kv_dtype),
+                             model=str(tiny_model("qwen3").checkpoint), capacity=256, log=lambda *a, **k: None)
+
+    report = export(tmp_path / "out")
+    assert report.validation_max_abs_diff <= validate.LOGIT_TOLERANCE["float32"]
+    drift = report.cache_drift
+    assert drift.what == f"{kv_dtype} caches" and drift.tolerance == validate.CACHE_TOLERANCES[kv_dtype]
+    assert 0 < drift.relative_error <= drift.tolerance and report.weight_drift is None
+    monkeypatch.setitem(validate.CACHE_TOLERANCES, kv_dtype, drift.relative_error / 2)
+    with pytest.raises(ExportError, match=f"{kv_dtype} caches move the logits .* CACHE_TOLERANCES"):
+        export(tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+
+
+def test_quantized_weights_over_narrow_caches_are_bounded_by_both_tolerances(tmp_path):
+    """int8 weights over int8 caches: the cache drift is validated on the float-weight folder, then
+    the quantized folder's drift against the two tolerances added in quadrature."""
+    import math
+
+    from quest_ort.apps import validate
+
+    settings = SparseSettings(top_k=4, block_size=4, kv_dtype="int8", weights="int8")
+    report = export_sparse("qwen3", output=tmp_path / "out", settings=settings,
+                           model=str(tiny_model("qwen3").checkpoint), capacity=256, log=lambda *a, **k: None)
+    assert report.cache_drift.what == "int8 caches"
+    drift = report.weight_drift
+    assert drift.what == "int8 weights and int8 caches"
+    assert drift.tolerance == pytest.approx(math.hypot(validate.WEIGHT_TOLERANCES["int8"],
+                                                       validate.CACHE_TOLERANCES["int8"]))
+    assert drift.relative_error >= report.cache_drift.relative_error / 2

@@ -170,7 +170,8 @@ def test_a_drift_beyond_the_tolerance_fails_the_export_naming_it(tmp_path, monke
     monkeypatch.setitem(validate.WEIGHT_TOLERANCES, "int4", 1e-3)
     settings = SparseSettings(top_k=2, block_size=16, dense_layers=(0,), weights="int4")
     with pytest.raises(ExportError, match=r"int4 weights move the logits by a relative error of [0-9.]+ from the "
-                                          r"float source graph's, above the int4 tolerance 0.001 \(apps/validate.py"):
+                                          r"float source graph's, above the tolerance 0.001 \(apps/validate.py "
+                                          r"WEIGHT_TOLERANCES\)"):
         export_sparse("qwen3", output=tmp_path / "out", settings=settings, model=str(tiny_model("qwen3").checkpoint),
                       capacity=256, log=lambda *a, **k: None)
     assert not (tmp_path / "out").exists()
