@@ -18,6 +18,22 @@ struct QuestMetadataParams {
   bool int8_keys = false;     // key_cache_type 'int8': bound each key as the int8 cache stores it
 };
 
+// One work item's slices: its new keys [S, D], its block bounds [M, D], its row's lengths.
+template <typename T, typename TC>
+struct QuestMetadataItem {
+  const T* key;
+  TC* block_max;
+  TC* block_min;
+  int64_t past, total;
+
+  QuestMetadataItem(const QuestMetadataParams& prm, int64_t item)
+      : key(static_cast<const T*>(prm.key) + item * prm.new_tokens * prm.head_dim),
+        block_max(static_cast<TC*>(prm.block_max) + item * prm.num_blocks * prm.head_dim),
+        block_min(static_cast<TC*>(prm.block_min) + item * prm.num_blocks * prm.head_dim),
+        past(prm.past_lens[item / prm.kv_heads]),
+        total(prm.total_lens[item / prm.kv_heads]) {}
+};
+
 // Updates the metadata of work items [begin, end), one item per (b, n) = b * kv_heads + n.
 using QuestMetadataFn = void (*)(const QuestMetadataParams&, int64_t begin, int64_t end);
 

@@ -25,15 +25,14 @@ void merge_key(const TK* k, int64_t p, int64_t D, int64_t P, TC* block_max, TC* 
 
 template <typename T, typename TC>
 void run(const QuestMetadataParams& prm, int64_t begin, int64_t end) {
-  const int64_t S = prm.new_tokens, D = prm.head_dim, M = prm.num_blocks, P = prm.block_size;
+  const int64_t D = prm.head_dim, P = prm.block_size;
   std::vector<int8_t> quantized(static_cast<size_t>(D));
   std::vector<float> held(static_cast<size_t>(D));  // an int8-cached key as the cache holds it
   for (int64_t item = begin; item < end; ++item) {
-    const int64_t b = item / prm.kv_heads;
-    const T* key = static_cast<const T*>(prm.key) + item * S * D;
-    TC* block_max = static_cast<TC*>(prm.block_max) + item * M * D;
-    TC* block_min = static_cast<TC*>(prm.block_min) + item * M * D;
-    const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
+    const QuestMetadataItem<T, TC> slices(prm, item);
+    const T* key = slices.key;
+    TC *block_max = slices.block_max, *block_min = slices.block_min;
+    const int64_t past = slices.past, total = slices.total;
     for (int64_t p = past; p < total; ++p) {
       const T* k = key + (p - past) * D;
       if (!prm.int8_keys) {

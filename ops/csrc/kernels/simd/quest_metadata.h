@@ -80,13 +80,12 @@ template <typename T, typename TC>
 void quest_metadata_items(const QuestMetadataParams& prm, int64_t begin, int64_t end) {
   constexpr int kChunks = Lanes::kMetadataChunks;
   thread_local std::vector<float> scales;
-  const int64_t S = prm.new_tokens, D = prm.head_dim, M = prm.num_blocks, P = prm.block_size;
+  const int64_t D = prm.head_dim, P = prm.block_size;
   for (int64_t item = begin; item < end; ++item) {
-    const int64_t b = item / prm.kv_heads;
-    const T* key = static_cast<const T*>(prm.key) + item * S * D;
-    TC* block_max = static_cast<TC*>(prm.block_max) + item * M * D;
-    TC* block_min = static_cast<TC*>(prm.block_min) + item * M * D;
-    const int64_t past = prm.past_lens[b], total = prm.total_lens[b];
+    const QuestMetadataItem<T, TC> slices(prm, item);
+    const T* key = slices.key;
+    TC *block_max = slices.block_max, *block_min = slices.block_min;
+    const int64_t past = slices.past, total = slices.total;
     for (int64_t p = past; p < total;) {
       const int64_t run_end = std::min(total, (p / P + 1) * P), count = run_end - p;
       const T* keys = key + (p - past) * D;
