@@ -5,7 +5,8 @@ such outliers: its k projection has a bias) leaves the other channels a few int8
 divides each key channel c of a layer's KV head by a power of two f[c] before the cache and
 multiplies the query by the same f[c], so every logit q . k is unchanged, bit for bit in float
 arithmetic (a product by a power of two is exact), while the cached channels have comparable
-ranges. f[c] is the channel's largest |key| over a calibration prompt, rounded to a power of two.
+ranges. f[c] is the channel's largest |key| over a calibration prompt, rounded to a power of two
+(relative to the head's largest channel).
 RoPE turns channel c into channel c + D/2 and back (rotate-half layout), so the two share the
 larger of their factors: the factors hold at positions the calibration never reached.
 """
@@ -26,9 +27,9 @@ SMALLEST_FACTOR = 2.0 ** -8
 
 
 def key_channel_factors(key_magnitude: np.ndarray) -> np.ndarray:
-    """The factors f [..., D] for the largest |key| per channel [..., D]: powers of two, shared by
-    the channels c and c + D/2, at least SMALLEST_FACTOR of the head's largest; 1 where the head's
-    keys were all zero or not finite."""
+    """The factors f [..., D] for the largest |key| per channel [..., D]: powers of two in proportion
+    to it, shared by the channels c and c + D/2, the head's largest 1 and none below SMALLEST_FACTOR
+    (about); all 1 where the head's keys were all zero or not finite."""
     magnitude = np.asarray(key_magnitude, np.float64).copy()
     half = magnitude.shape[-1] // 2
     if half and magnitude.shape[-1] % 2 == 0:
@@ -37,8 +38,12 @@ def key_channel_factors(key_magnitude: np.ndarray) -> np.ndarray:
     largest = magnitude.max(axis=-1, keepdims=True)
     usable = np.isfinite(largest) & (largest > 0)
     magnitude = np.maximum(magnitude, largest * SMALLEST_FACTOR)
-    factors = np.exp2(np.round(np.log2(np.where(usable, magnitude, 1.0))))
-    return np.where(usable, factors, 1.0).astype(np.float32)
+    exponents = np.round(np.log2(np.where(usable, magnitude, 1.0)))
+    # A head's factors matter only relative to each other (a row's scale absorbs a common one): the
+    # largest is 1, so a scaled query never grows and a scaled key stays within twice the head's
+    # largest |key|, both safe in float16.
+    exponents -= exponents.max(axis=-1, keepdims=True)
+    return np.where(usable, np.exp2(exponents), 1.0).astype(np.float32)
 
 
 def calibrate_key_factors(source: pathlib.Path, geometry: Geometry, vocab: int,
