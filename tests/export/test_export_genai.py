@@ -114,6 +114,24 @@ def test_builder_style_graph_matches_the_original(variant, tmp_path):
     assert op_count(saved, "SimplifiedLayerNormalization") == 1 and op_count(saved, "GroupQueryAttention") == 0
 
 
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half rotary", "interleaved rotary"])
+def test_int8_caches_smooth_the_keys_of_a_gqa_source(interleaved, tmp_path):
+    """--kv-dtype int8 on a builder-style graph: the key ranges are measured by running the source
+    on onnxruntime-genai's shared buffers, the smoothed export passes both parts of the validation
+    (interleaved rotary pairs channels 2i and 2i+1, not c and c + D/2: the factors are then less
+    apt, never wrong), and it decodes."""
+    from quest_ort.apps import validate
+
+    source = save_source(builder_style(True, interleaved), tmp_path / "source", genai_config())
+    report = rewrite_onnx(source, output=tmp_path / "quest", settings=SparseSettings(
+        top_k=64, block_size=8, dense_layers=(0,), kv_dtype="int8"), **QUIET)
+    assert report.validation_max_abs_diff is not None and report.cache_drift.what == "int8 caches"
+    assert report.cache_drift.relative_error <= validate.CACHE_TOLERANCES["int8"]
+    quest = QuestModel(report.output, threads=1)  # its folder check: every attention's q and k scaled
+    assert quest.sidecar.settings.key_smoothing
+    assert len(greedy(quest, [list(range(5, 25))], 4)[0]) == 4
+
+
 def test_int4_weights_stay_int4(tmp_path):
     """The saved graph holds the source's packed 4-bit weights and scales, byte for byte: no float detour."""
     source = save_source(builder_style(True), tmp_path / "source", genai_config())
