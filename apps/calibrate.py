@@ -13,11 +13,8 @@ larger of their factors: the factors hold at positions the calibration never rea
 
 from __future__ import annotations
 
-import pathlib
-
 import numpy as np
 
-from ..model_folder.settings import Geometry
 from .validate import SourceRunner
 
 CALIBRATION_TOKENS = 256  # one prompt of random tokens (seeded), run through the source graph
@@ -46,11 +43,10 @@ def key_channel_factors(key_magnitude: np.ndarray) -> np.ndarray:
     return np.where(usable, np.exp2(exponents), 1.0).astype(np.float32)
 
 
-def calibrate_key_factors(source: pathlib.Path, geometry: Geometry, vocab: int,
-                          tokens: int = CALIBRATION_TOKENS, seed: int = 0) -> dict[int, np.ndarray]:
-    """Each layer's key channel factors [N, D], from the keys the source graph caches for a prompt
-    of `tokens` random tokens."""
-    runner = SourceRunner(source, geometry)
+def calibrate_key_factors(runner: SourceRunner, vocab: int, tokens: int = CALIBRATION_TOKENS,
+                          seed: int = 0) -> dict[int, np.ndarray]:
+    """Each layer's key channel factors [N, D], from the keys the source graph (run by `runner`)
+    caches for a prompt of `tokens` random tokens."""
     runner.reset(tokens)
     ids = np.random.default_rng(seed).integers(0, vocab, size=(1, tokens), dtype=np.int64)
     runner.step(ids)

@@ -31,9 +31,8 @@ from ..export.steps import (eos_ids, fit_dense_layers, geometry_from_config, opt
                             save_folder)
 from ..model_folder.safety import check_external_data
 from ..model_folder.settings import Geometry
-from ..model_folder.sidecar import Sidecar
 from .calibrate import CALIBRATION_TOKENS, calibrate_key_factors
-from .validate import Drift, narrow_cache, validate_drift, validate_export
+from .validate import Drift, SourceLogits, narrow_cache, validate_drift, validate_export
 
 
 @dataclasses.dataclass
@@ -180,11 +179,14 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
         work = pathlib.Path(work_name)
         graph = source(work, progress)
         vocab = graph.vocab if graph.vocab is not None else _logits_vocab(graph.model)
+        # the source graph's logits on the validation's tokens, computed once for every folder compared
+        reference_logits = SourceLogits(graph.path, graph.geometry)
         key_factors = None
         if smoothing:
             progress.step(f"measuring the key channels' ranges for the int8 cache ({CALIBRATION_TOKENS} random "
                           f"tokens through {reference})")
-            key_factors = calibrate_key_factors(graph.path, graph.geometry, vocab)
+            key_factors = calibrate_key_factors(reference_logits.runner, vocab)
+            reference_logits.release()  # its session is not held through the rewrite and the save
         progress.step(f"rewriting {graph.geometry.num_layers} attention layers into Quest ops")
         counts = rewrite_attention(graph.model, graph.settings, graph.geometry, capacity=graph.capacity,
                                    key_factors=key_factors)
@@ -195,17 +197,19 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
         staged, _ = save_folder(graph.model, work, counts, graph.geometry, float_settings, graph.family,
                                 graph.description, graph.capacity, vocab, eos=eos, tokenizer_from=graph.folder)
         difference = quantized = drift = cache_drift = None
-        if validate and narrow_cache(Sidecar.read(staged)):
-            activation, kv = graph.geometry.activation_dtype, graph.settings.kv_dtype
+        activation = graph.geometry.activation_dtype
+        kv = graph.settings.kv_dtype or activation
+        if validate and narrow_cache(kv, activation):
             progress.step(f"validating against {reference}: the rewrite with {activation} caches, then the logit "
                           f"drift of the {kv} caches")
             twin = _activation_cache_twin(graph, work / "twin", vocab)
-            difference = validate_export(graph.path, twin)
+            difference = validate_export(reference_logits, twin)
             shutil.rmtree(twin)
-            cache_drift = validate_drift(graph.path, staged)
+            cache_drift = validate_drift(reference_logits, staged)
         elif validate:
             progress.step(f"validating against {reference}")
-            difference = validate_export(graph.path, staged)
+            difference = validate_export(reference_logits, staged)
+        reference_logits.release()  # the weights' drift below reads the logits kept, not the source
         if quantize:
             embedding = ", the embedding into GatherBlockQuantized" if "Gather" in QUANTIZED_OPS[weights] else ""
             progress.step(f"quantizing the MatMul weights to {weights} (ONNX Runtime's MatMulNBits{embedding}, "
@@ -213,7 +217,7 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
             quantized = quantize_folder(staged, weights)
             if validate:
                 progress.step(f"measuring the logit drift of the {weights} weights against {reference}")
-                drift = validate_drift(graph.path, staged)
+                drift = validate_drift(reference_logits, staged)
         progress.done()
         place(staged, output)
     return ExportReport(output, counts, difference, time.perf_counter() - begin, quantized, drift, cache_drift)

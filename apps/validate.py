@@ -142,7 +142,36 @@ WEIGHT_TOLERANCES = {"int8": 0.25, "int4": 1.2}
 CACHE_TOLERANCES = {"float16": 0.1, "int8": 0.5}
 
 
-def _comparisons(source_runner: SourceRunner, quest: QuestModel) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+class SourceLogits:
+    """The source graph's logits for each token sequence asked for, run once: an export compares up
+    to three folders with the source on the same tokens (the rewrite, its narrow caches' drift, its
+    quantized weights' drift). The source's session opens when first needed; `release` closes it
+    (the logits stay), so it is not held through the export's other steps."""
+
+    def __init__(self, path: pathlib.Path, geometry=None):
+        self.path, self.geometry = path, geometry
+        self._runner: SourceRunner | None = None
+        self._runs: dict[tuple, list[np.ndarray]] = {}
+
+    @property
+    def runner(self) -> SourceRunner:
+        if self._runner is None:
+            self._runner = SourceRunner(self.path, self.geometry)
+        return self._runner
+
+    def release(self) -> None:
+        self._runner = None
+
+    def of(self, steps: list[np.ndarray]) -> list[np.ndarray]:
+        """The logits of each step of `steps` (token ids [1, S] each), fed from an empty cache."""
+        key = tuple((ids.shape, ids.tobytes()) for ids in steps)
+        if key not in self._runs:
+            self.runner.reset(sum(ids.shape[1] for ids in steps))
+            self._runs[key] = [self.runner.step(ids) for ids in steps]
+        return self._runs[key]
+
+
+def _comparisons(source: SourceLogits, quest: QuestModel) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
     """(where, the Quest graph's logits, the source graph's) at every step where the budget covers
     the context, the plan's steps run on both graphs; raises ExportError on non-finite logits
     past the budget."""
@@ -152,13 +181,11 @@ def _comparisons(source_runner: SourceRunner, quest: QuestModel) -> Iterator[tup
     covered = sidecar.settings.top_k * sidecar.settings.block_size if sparse else capacity
     rng = np.random.default_rng(0)
     for prompt, decode, exact in plan(covered, capacity):
-        source_runner.reset(prompt + decode)
         cache = quest.new_cache(1, capacity=prompt + decode)
         steps = [rng.integers(0, sidecar.vocab_size, size=(1, prompt), dtype=np.int64)]
         steps += [rng.integers(0, sidecar.vocab_size, size=(1, 1), dtype=np.int64) for _ in range(decode)]
-        for index, ids in enumerate(steps):
+        for index, (ids, expected) in enumerate(zip(steps, source.of(steps))):
             got = quest.step(cache, ids, exact=exact and index == 0)
-            expected = source_runner.step(ids)
             where = (f"{'the exact' if exact else 'the sparse'} prefill of a {prompt}-token prompt" if index == 0
                      else f"decode step {index} after a {prompt}-token prompt")
             if (index == 0 and exact) or int(cache.lengths[0]) <= covered:
@@ -167,17 +194,16 @@ def _comparisons(source_runner: SourceRunner, quest: QuestModel) -> Iterator[tup
                 raise ExportError(f"validation failed: the Quest graph's logits are not finite at {where}")
 
 
-def validate_export(source: pathlib.Path, staged: pathlib.Path) -> float:
+def validate_export(source: SourceLogits, staged: pathlib.Path) -> float:
     """Max |logit difference| where the Quest graph must equal the source graph; raises ExportError
     on a mismatch there, or on non-finite logits past the budget. The folder's caches hold the
     source's activation type (narrower ones: validate_drift)."""
     quest = QuestModel(staged, threads=1)
-    source_runner = SourceRunner(source, quest.sidecar.geometry)
     tolerance = LOGIT_TOLERANCE[quest.sidecar.settings.kv_dtype]
-    if source_runner.int8_activations:
+    if source.runner.int8_activations:
         tolerance = max(tolerance, INT8_ACTIVATION_TOLERANCE)
     worst = 0.0
-    for where, got, expected in _comparisons(source_runner, quest):
+    for where, got, expected in _comparisons(source, quest):
         difference = float(np.abs(got - expected).max())
         if not difference <= tolerance * max(float(np.abs(expected).max()), 1.0):
             raise ExportError(f"validation failed: the Quest graph's logits differ from the source graph's "
@@ -222,13 +248,13 @@ def relative_logit_error(got, expected) -> float:
     return total.value
 
 
-def narrow_cache(sidecar) -> bool:
-    """Whether the folder's caches are narrower than its activations (their drift is validated)."""
+def narrow_cache(kv_dtype: str, activation_dtype: str) -> bool:
+    """Whether caches of `kv_dtype` are narrower than the activations (their drift is validated)."""
     width = {"int8": 1, "float16": 2, "float32": 4}
-    return width[sidecar.settings.kv_dtype] < width[sidecar.geometry.activation_dtype]
+    return width[kv_dtype] < width[activation_dtype]
 
 
-def validate_drift(source: pathlib.Path, staged: pathlib.Path) -> Drift:
+def validate_drift(source: SourceLogits, staged: pathlib.Path) -> Drift:
     """The logit drift from the float source graph, on validate_export's comparisons, of a folder
     with quantized weights (WEIGHT_TOLERANCES) or narrow caches (CACHE_TOLERANCES; both: the two
     tolerances added in quadrature, as independent roundings add). Raises ExportError when it passes
@@ -238,14 +264,14 @@ def validate_drift(source: pathlib.Path, staged: pathlib.Path) -> Drift:
     parts = []  # (what, tolerance, table)
     if settings.weights in WEIGHT_TOLERANCES:
         parts.append((f"{settings.weights} weights", WEIGHT_TOLERANCES[settings.weights], "WEIGHT_TOLERANCES"))
-    if narrow_cache(quest.sidecar):
+    if narrow_cache(settings.kv_dtype, quest.sidecar.geometry.activation_dtype):
         parts.append((f"{settings.kv_dtype} caches", CACHE_TOLERANCES[settings.kv_dtype], "CACHE_TOLERANCES"))
     if not parts:
         raise ValueError(f"{staged}: float weights and {settings.kv_dtype} caches have no drift to validate")
     what = " and ".join(part[0] for part in parts)
     tolerance = float(np.hypot(*[part[1] for part in parts])) if len(parts) > 1 else parts[0][1]
     total, largest = LogitErrorSum(), 0.0
-    for where, got, expected in _comparisons(SourceRunner(source, quest.sidecar.geometry), quest):
+    for where, got, expected in _comparisons(source, quest):
         if not np.isfinite(got).all():
             raise ExportError(f"validation failed: with {what} the logits are not finite at {where}")
         total.add(got, expected)

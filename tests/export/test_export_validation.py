@@ -108,13 +108,21 @@ def test_narrow_caches_validate_the_rewrite_exactly_then_bound_their_drift(tmp_p
     assert not (tmp_path / "refused").exists()
 
 
-def test_quantized_weights_over_narrow_caches_are_bounded_by_both_tolerances(tmp_path):
+def test_quantized_weights_over_narrow_caches_are_bounded_by_both_tolerances(tmp_path, monkeypatch):
     """int8 weights over int8 caches: the cache drift is validated on the float-weight folder, then
-    the quantized folder's drift against the two tolerances added in quadrature."""
+    the quantized folder's drift against the two tolerances added in quadrature. The source graph
+    runs each of the validation's token sequences once for the three folders compared with it."""
     import math
 
     from quest_ort.apps import validate
 
+    source_steps, step = [], validate.SourceRunner.step
+
+    def counted_step(runner, ids):
+        source_steps.append(ids.shape)
+        return step(runner, ids)
+
+    monkeypatch.setattr(validate.SourceRunner, "step", counted_step)
     settings = SparseSettings(top_k=4, block_size=4, kv_dtype="int8", weights="int8")
     report = export_sparse("qwen3", output=tmp_path / "out", settings=settings,
                            model=str(tiny_model("qwen3").checkpoint), capacity=256, log=lambda *a, **k: None)
@@ -124,3 +132,5 @@ def test_quantized_weights_over_narrow_caches_are_bounded_by_both_tolerances(tmp
     assert drift.tolerance == pytest.approx(math.hypot(validate.WEIGHT_TOLERANCES["int8"],
                                                        validate.CACHE_TOLERANCES["int8"]))
     assert drift.relative_error >= report.cache_drift.relative_error / 2
+    # the calibration prompt, then the plan's prompts and decode steps once: (8, 8 steps), (8), (24, 4 steps)
+    assert source_steps == [(1, 256)] + [(1, 8)] + [(1, 1)] * 8 + [(1, 8)] + [(1, 24)] + [(1, 1)] * 4
