@@ -17,9 +17,11 @@ ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
-# What building the package and running its tests needs (pyproject.toml's build and test needs).
+# What building the package and running its tests needs (pyproject.toml's build needs, its dependencies and
+# its serve and test extras).
 BUILD_DEPS := "scikit-build-core>=0.11" cmake ninja
-RUN_DEPS := "numpy>=1.24" "onnx>=1.17" "onnxruntime>=1.21" "onnxscript>=0.7.2,<0.8" "pytest>=8" "hypothesis>=6"
+RUN_DEPS := "numpy>=1.24" "onnx>=1.17" "onnxruntime>=1.21" "onnxscript>=0.7.2,<0.8" "tokenizers>=0.15" "jinja2>=3.1" \
+	"tqdm>=4.60" "fastapi>=0.110" "uvicorn>=0.29" "pytest>=8" "hypothesis>=6" "openai>=1.30"
 
 $(DEPS): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

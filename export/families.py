@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from .default_tokenizer import END_OF_TURN_ID, save_default_tokenizer
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
@@ -59,7 +61,8 @@ DEFAULT_SEED = 0
 
 
 def build_default_model(family: Family, directory: pathlib.Path, seed: int = DEFAULT_SEED, **overrides):
-    """Save a small random model of `family` (norm weights and biases randomised too) into `directory`.
+    """Save a small random model of `family` (norm weights and biases randomised too) into `directory`,
+    with the default tokenizer (export/default_tokenizer.py) when the vocabulary can hold one.
 
     All-ones norm weights would let an optimizer merge q_norm and k_norm's identical initializers,
     so every norm weight is drawn around 1. Biases (Qwen2's q/k/v) are drawn on the scale of their
@@ -83,6 +86,8 @@ def build_default_model(family: Family, directory: pathlib.Path, seed: int = DEF
             else:
                 parameter.copy_(0.02 * torch.randn(parameter.shape, generator=generator))
     model.generation_config.pad_token_id = 0
+    if save_default_tokenizer(directory, config.vocab_size):  # its end of turn ends a reply
+        model.generation_config.eos_token_id = END_OF_TURN_ID
     model.save_pretrained(directory)
     return model
 

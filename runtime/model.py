@@ -127,6 +127,24 @@ class QuestModel:
         return KVCache.of(capacity, np.zeros(batch, np.int32), layers, [layer.map(lambda spec: spec.name)
                                                                           for layer in layout])
 
+    def truncate(self, cache: KVCache, length: int) -> int:
+        """Forget every row's tokens from position `length` on, rounded down to a metadata block
+        (a block's bounds hold every key written into it, so a block is kept whole or not at all:
+        the bounds then equal those of a cache that never held the forgotten tokens). A cache that
+        accumulates block importance cannot take tokens back out of it and starts again from
+        empty. Returns the tokens kept (of the shortest row)."""
+        if not isinstance(cache, KVCache) or cache.buffers.keys() != self._cache_names:
+            raise ValueError("cache must come from this model's new_cache")
+        length = integer(length, "length", 0)
+        cut = cache.lengths > length  # rows holding tokens to forget
+        if cut.any():
+            if any(layer.block_importance is not None for layer in cache.layers):
+                cache.reset()
+            else:
+                block = self.sidecar.settings.block_size
+                cache.lengths[cut] = length // block * block
+        return int(cache.lengths.min())
+
     @property
     def selects_per_step(self) -> bool:
         """True when the graph takes exact_lens: each step says whether its tokens attend exactly."""

@@ -79,3 +79,18 @@ class OptimumRunner:
         for token in steps_after_prompt:
             results.append(self.model.step(cache, np.array([[token]]))[0, -1])
         return results
+
+
+# The text API's tests: a tiny Qwen3 whose vocabulary holds the default tokenizer (bytes, specials
+# and a few merges), exported with the exporter's defaults (blocks of 8, per-head selection).
+TEXT_VOCAB = 320
+
+
+@functools.cache
+def text_export(top_k: int = 4, capacity: int = 256) -> pathlib.Path:
+    folder = _ROOT / f"qwen3-text-k{top_k}-c{capacity}"
+    if not (folder / "checkpoint").is_dir():
+        build_default_model(FAMILIES["qwen3"], folder / "checkpoint", **{**TINY["qwen3"], "vocab_size": TEXT_VOCAB})
+    export_sparse("qwen3", output=folder / "quest", settings=SparseSettings(top_k=top_k), model=str(folder / "checkpoint"),
+                  capacity=capacity, log=lambda *a, **k: None)
+    return folder / "quest"

@@ -1,0 +1,224 @@
+"""The text API: the folder's tokenizer and chat template, streamed text deltas, stop strings, the
+cache kept across turns (QuestModel.truncate), Chat and generate_text."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+
+import numpy as np
+import pytest
+
+from quest_ort.export.default_tokenizer import CHAT_TEMPLATE, END_OF_TURN_ID, SMALLEST_VOCAB, build_tokenizer
+from quest_ort.runtime.chat import Chat, TextGenerator, generate_text
+from quest_ort.runtime.generate import Generator, GeneratorBusyError, Sampling
+from quest_ort.runtime.model import CapacityError, QuestModel
+from quest_ort.runtime.text import FolderTokenizer, StopText, TextDeltas, TokenizerMissingError
+from support.export_models import TEXT_VOCAB, quest_export, text_export
+
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Héllo, 世界! ✓"},
+                {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "More?"}]
+
+
+@functools.cache
+def _model() -> QuestModel:
+    return QuestModel(text_export(), threads=1)
+
+
+def _tokenizer() -> FolderTokenizer:
+    return FolderTokenizer.from_folder(text_export())
+
+
+@pytest.mark.parametrize("vocab", [SMALLEST_VOCAB, TEXT_VOCAB, 8192])
+def test_the_default_tokenizer_has_exactly_the_models_vocabulary_and_round_trips_any_text(vocab):
+    tokenizer = build_tokenizer(vocab)
+    assert tokenizer.get_vocab_size() == vocab
+    text = "Hello, world!\n\tünïcode 日本語 🙂 <|im_start|>x<|im_end|>"
+    ids = tokenizer.encode(text).ids
+    assert max(ids) < vocab and tokenizer.decode(ids, skip_special_tokens=False) == text
+    assert tokenizer.token_to_id("<|im_end|>") == END_OF_TURN_ID
+
+
+def test_the_default_exports_tokenizer_is_in_the_folder_and_its_end_of_turn_stops_replies():
+    model = _model()
+    assert model.sidecar.tokenizer == "tokenizer" and model.sidecar.eos_token_ids == [END_OF_TURN_ID]
+    assert _tokenizer().chat_template == CHAT_TEMPLATE
+
+
+def test_a_folder_without_a_tokenizer_is_named():
+    with pytest.raises(TokenizerMissingError, match="no tokenizer"):
+        FolderTokenizer.from_folder(quest_export("qwen3", top_k=4))  # vocabulary 256: no room for one
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_chat_ids_are_those_of_transformers_apply_chat_template(add_generation_prompt):
+    transformers = pytest.importorskip("transformers")  # the exporter's stack: installed by make
+    ours = _tokenizer()
+    theirs = transformers.AutoTokenizer.from_pretrained(ours.folder)
+    assert ours.encode_chat(CONVERSATION, add_generation_prompt=add_generation_prompt) == theirs.apply_chat_template(
+        CONVERSATION, add_generation_prompt=add_generation_prompt)
+    assert ours.encode("plain text") == theirs("plain text").input_ids
+
+
+def test_a_template_sees_transformers_helpers_and_its_errors_are_raised(tmp_path):
+    tokenizer = _tokenizer()
+    tokenizer.chat_template = ("{{ messages | tojson }}{% if messages[0]['role'] != 'user' %}"
+                               "{{ raise_exception('user first') }}{% endif %}")
+    tokenizer._template = None
+    assert json.loads(tokenizer.render_chat([{"role": "user", "content": "é"}])) == [{"role": "user", "content": "é"}]
+    with pytest.raises(Exception, match="user first"):
+        tokenizer.render_chat([{"role": "system", "content": "x"}])
+    with pytest.raises(ValueError, match=r"messages\[0\]"):
+        tokenizer.render_chat([{"role": "user", "content": 3}])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_streamed_deltas_join_to_the_decoded_text_and_never_split_a_character(seed):
+    tokenizer = _tokenizer()
+    rng = random.Random(seed)
+    # Multi-byte characters are several byte tokens here: their deltas must wait for the last byte.
+    text = "".join(rng.choice(["a", " b", "é", "世", "🙂", "\n", "<|im_end|>", "ok"]) for _ in range(60))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    deltas = TextDeltas(tokenizer)
+    pieces = [deltas.add(token) for token in ids]
+    pieces.append(deltas.finish())
+    assert "".join(pieces) == tokenizer.decode(ids) == text.replace("<|im_end|>", "")
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
+def test_a_reply_cut_inside_a_character_ends_with_the_replacement_character():
+    tokenizer = _tokenizer()
+    ids = tokenizer.encode("a世", add_special_tokens=False)[:-1]  # the last byte of 世 missing
+    deltas = TextDeltas(tokenizer)
+    assert "".join(deltas.add(token) for token in ids) == "a"
+    assert deltas.finish() == "\ufffd"
+
+
+@pytest.mark.parametrize("pieces, stops, given", [
+    (["Hel", "lo ST", "OP more"], ["STOP"], "Hello "),
+    (["ab", "c"], ["cd"], "abc"),                     # a held-back prefix that never completes is given out
+    (["x<", "|e", "nd|>", "y"], ["<|end|>", "zz"], "x"),
+    (["no stops"], [], "no stops"),
+])
+def test_stop_strings_cut_the_text_before_them_and_hold_back_what_may_become_one(pieces, stops, given):
+    stop = StopText(stops)
+    out = "".join(stop.add(piece) for piece in pieces) + stop.finish()
+    assert out == given and stop.stopped == any(s in "".join(pieces) for s in stops)
+
+
+def test_truncate_keeps_whole_blocks_and_then_equals_a_cache_that_never_held_the_rest():
+    model = _model()
+    block = model.sidecar.settings.block_size
+    rng = np.random.default_rng(3)
+    head, tail, other = (rng.integers(0, TEXT_VOCAB, n)[None] for n in (2 * block, block, block))
+    cut = model.new_cache(1)
+    model.step(cut, head, exact=True)
+    model.step(cut, tail)
+    assert model.truncate(cut, 2 * block + 3) == 2 * block  # inside the third block: back to its start
+    assert model.truncate(cut, 5 * block) == 2 * block      # nothing past it: unchanged
+    fresh = model.new_cache(1)
+    model.step(fresh, head, exact=True)
+    logits_cut, logits_fresh = model.step(cut, other), model.step(fresh, other)
+    np.testing.assert_array_equal(logits_cut, logits_fresh)
+    for name, array in fresh.buffers.items():
+        held = 3 * block if "block" not in name else 3
+        np.testing.assert_array_equal(cut.buffers[name][:, :, :held], array[:, :, :held], err_msg=name)
+
+
+def test_a_request_reuses_the_cached_prefix_and_generates_what_a_fresh_generator_does():
+    model = _model()
+    tokenizer = _tokenizer()
+    prompt = tokenizer.encode_chat(CONVERSATION[:2])
+    expected = Generator(model).generate([prompt], Sampling(max_new_tokens=12))[0]
+    generator = TextGenerator(model)
+    first = generator.complete(prompt, max_new_tokens=12, stop_tokens=(TEXT_VOCAB - 1,))
+    assert first.read() == tokenizer.decode(first.tokens) and first.tokens == expected[: len(first.tokens)]
+    assert first.finish_reason in ("length", "stop") and first.usage.reused_tokens == 0
+    # The cache holds the prompt and every generated token but the last: a longer prompt reuses them.
+    assert generator.cached == prompt + first.tokens[:-1]
+    longer = prompt + first.tokens + tokenizer.encode("more")
+    second = generator.complete(longer, max_new_tokens=4)
+    second.read()
+    assert second.usage.reused_tokens == len(prompt) + len(first.tokens) - 1
+    # A prompt that departs inside the prompt keeps whole blocks of the shared start only.
+    block = model.sidecar.settings.block_size
+    departing = prompt[:11] + tokenizer.encode("zz")
+    third = generator.complete(departing, max_new_tokens=6)
+    third.read()
+    assert third.usage.reused_tokens == 11 // block * block
+    assert third.tokens == Generator(model).generate([departing], Sampling(max_new_tokens=6))[0]
+
+
+def test_replies_stop_at_the_models_end_of_turn_by_default_and_at_given_stop_tokens():
+    generator = TextGenerator(_model())
+    prompt = _tokenizer().encode_chat(CONVERSATION[:2])
+    greedy = generator.complete(prompt, max_new_tokens=5, stop_tokens=(TEXT_VOCAB - 1,))
+    greedy.read()
+    assert generator.sampling(len(prompt)).stop_tokens == (END_OF_TURN_ID,)
+    stopped = generator.complete(prompt, max_new_tokens=5, stop_tokens=(greedy.tokens[2],))
+    assert stopped.read() == _tokenizer().decode(greedy.tokens[:2])
+    assert stopped.finish_reason == "stop" and stopped.tokens == greedy.tokens[:3]
+
+
+def test_requests_are_checked_first_and_one_stream_is_served_at_a_time():
+    generator = TextGenerator(_model())
+    prompt = _tokenizer().encode_chat(CONVERSATION[:2])
+    with pytest.raises(CapacityError, match="capacity 256"):
+        generator.complete(prompt, max_new_tokens=256)
+    with pytest.raises(ValueError, match="temperature"):
+        generator.complete(prompt, temperature=float("nan"))
+    with pytest.raises(ValueError, match="vocabulary|lie"):
+        generator.complete([TEXT_VOCAB], max_new_tokens=1)
+    open_stream = generator.complete(prompt, max_new_tokens=3)
+    with pytest.raises(GeneratorBusyError):
+        generator.complete(prompt, max_new_tokens=3)
+    next(open_stream, None)
+    open_stream.close()
+    assert open_stream.finish_reason == "cancelled"
+    assert generator.complete(prompt, max_new_tokens=3).read() is not None
+
+
+def test_a_cancelled_stream_stops_before_its_next_token_and_keeps_the_cache_consistent():
+    generator = TextGenerator(_model())
+    prompt = _tokenizer().encode_chat(CONVERSATION[:2])
+    stream = generator.complete(prompt, max_new_tokens=50, stop_tokens=(TEXT_VOCAB - 1,))
+    seen = 0
+    for _ in stream:
+        seen += 1
+        if seen == 2:
+            stream.cancel()
+    assert stream.finish_reason == "cancelled" and stream.usage.completion_tokens < 50
+    assert len(generator.cached) == int(generator.cache.lengths[0])
+
+
+def test_a_chat_remembers_its_turns_and_prefills_only_the_new_ones():
+    chat = Chat(text_export(), system="Be brief.", max_new_tokens=8)
+    first = chat.send("Héllo, 世界! ✓", stream=True)
+    text = "".join(first)
+    assert chat.messages[-1] == {"role": "assistant", "content": text}
+    second = chat.send("More?", stream=True)
+    second.read()
+    history = chat.generator.tokenizer.encode_chat(chat.messages[:3], add_generation_prompt=False)
+    # Everything up to the reply's own retokenisation is reused (the whole first turn, for most replies).
+    assert second.usage.reused_tokens >= (first.usage.prompt_tokens // 8) * 8
+    assert second.usage.prompt_tokens == len(chat.generator.tokenizer.encode_chat(chat.messages[:4]))
+    assert len(history) < second.usage.prompt_tokens
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "user", "assistant"]
+    chat.reset()
+    assert chat.messages == [{"role": "system", "content": "Be brief."}]
+
+
+def test_a_chat_reply_stops_where_the_cache_is_full():
+    chat = Chat(text_export(), max_new_tokens=10_000)
+    reply = chat.send("Hi", stream=True)
+    reply.read()
+    assert reply.finish_reason in ("length", "stop")
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= chat.generator.capacity
+
+
+def test_generate_text_continues_a_plain_prompt():
+    text = generate_text(text_export(), "Once upon", max_new_tokens=6)
+    tokens = Generator(_model()).generate([_tokenizer().encode("Once upon")], Sampling(max_new_tokens=6,
+                                                                                       stop_tokens=(2,)))[0]
+    assert text == _tokenizer().decode(tokens)
