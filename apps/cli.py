@@ -1,0 +1,170 @@
+"""The `quest-ort` command: `chat FOLDER` (a terminal chat) and `serve FOLDER` (an OpenAI-compatible server).
+
+    quest-ort chat qwen3-quest --max-new-tokens 256
+    quest-ort serve qwen3-quest --port 8000     # then any OpenAI client at http://127.0.0.1:8000/v1
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pathlib
+import sys
+import time
+
+log = logging.getLogger("quest_ort")
+
+CHAT_HELP = "/reset starts the conversation again, /exit (or Ctrl-D) leaves; Ctrl-C stops a reply."
+# A prompt of more new tokens than this shows a progress bar while it is prefilled.
+PREFILL_BAR_TOKENS = 1024
+
+
+def configure_logging(verbose: bool, quiet: bool) -> None:
+    """Our messages through `logging` on stderr: INFO by default, DEBUG with -v, warnings only with
+    --quiet; third-party progress output (transformers, huggingface) silenced either way."""
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("quest_ort")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+    for name in ("transformers", "huggingface_hub"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _sampling_options(args) -> dict:
+    options = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
+    if args.seed is not None:
+        options["seed"] = args.seed
+    return options
+
+
+class PrefillBar:
+    """A progress bar on stderr for a long prefill (tqdm), none for a short one."""
+
+    def __init__(self, quiet: bool):
+        self.quiet, self.bar = quiet, None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet or total < PREFILL_BAR_TOKENS:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="tok", desc="prefill", leave=False, file=sys.stderr)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def chat(args, read_line=input, write=sys.stdout.write) -> int:
+    """The interactive chat: one line per turn, the reply streamed, then its speed and the context used."""
+    from ..runtime.chat import Chat, TextGenerator
+    from ..runtime.model import CapacityError, QuestModel
+
+    model = QuestModel(args.folder, threads=args.threads)
+    generator = TextGenerator(model)
+    conversation = Chat(model, system=args.system, generator=generator, **_sampling_options(args))
+    log.info("%s: %d layers, capacity %d tokens. %s", args.folder, model.sidecar.geometry.num_layers,
+             generator.capacity, CHAT_HELP)
+    while True:
+        try:
+            line = read_line(">>> ")
+        except EOFError:
+            write("\n")
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return 0
+        if text == "/reset":
+            conversation.reset()
+            log.info("(conversation reset)")
+            continue
+        if text.startswith("/"):
+            log.warning("unknown command %s. %s", text, CHAT_HELP)
+            continue
+        bar = PrefillBar(args.quiet)
+        started = time.perf_counter()
+        try:
+            reply = conversation.send(text, stream=True, on_prefill=bar)
+        except (CapacityError, ValueError) as error:
+            log.error("%s (/reset starts again)", error)
+            continue
+        first = None
+        try:
+            with reply:
+                for delta in reply:
+                    if first is None:
+                        bar.close()
+                        first = time.perf_counter()
+                    write(delta)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            write(" [stopped]")
+        bar.close()
+        write("\n")
+        end = time.perf_counter()
+        tokens = reply.usage.completion_tokens
+        speed = (tokens - 1) / (end - first) if first is not None and tokens > 1 and end > first else 0.0
+        log.info("[%d tokens, %.1f tokens/s, first after %.2f s, %d of %d tokens of context used, %d reused]",
+                 tokens, speed, (first or end) - started, generator.context_used, generator.capacity,
+                 reply.usage.reused_tokens)
+
+
+def serve(args) -> int:
+    from .serve import serve as run_server
+
+    run_server(args.folder, host=args.host, port=args.port, name=args.name, threads=args.threads,
+               log_level="debug" if args.verbose else "warning" if args.quiet else "info")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quest-ort", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("folder", type=pathlib.Path, help="a folder written by export-sparse (with its tokenizer)")
+    common.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
+    noise = common.add_mutually_exclusive_group()
+    noise.add_argument("-v", "--verbose", action="store_true", help="debug messages")
+    noise.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+
+    talk = commands.add_parser("chat", parents=[common], help="chat in the terminal", description=CHAT_HELP)
+    talk.add_argument("--system", default=None, help="a system prompt")
+    talk.add_argument("--max-new-tokens", type=int, default=512, help="longest reply (default 512)")
+    talk.add_argument("--temperature", type=float, default=0.0, help="0 (the default): greedy")
+    talk.add_argument("--top-p", type=float, default=1.0)
+    talk.add_argument("--seed", type=int, default=None)
+    talk.set_defaults(run=chat)
+
+    http = commands.add_parser("serve", parents=[common], help="an OpenAI-compatible HTTP server")
+    http.add_argument("--host", default="127.0.0.1")
+    http.add_argument("--port", type=int, default=8000)
+    http.add_argument("--name", default=None, help="the model's name in the API (default: the folder's name)")
+    http.set_defaults(run=serve)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.verbose, args.quiet)
+    from ..model_folder.sidecar import ModelFolderError
+    from ..runtime.text import TokenizerMissingError
+
+    try:
+        return args.run(args)
+    except (FileNotFoundError, ModelFolderError, TokenizerMissingError) as error:
+        log.error("quest-ort %s: %s", args.command, error)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

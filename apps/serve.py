@@ -1,0 +1,322 @@
+"""`quest-ort serve`: an OpenAI-compatible HTTP server over an exported folder (FastAPI on uvicorn).
+
+    POST /v1/chat/completions   messages -> reply (the folder's chat template), streamed with `stream`
+    POST /v1/completions        a text prompt -> its continuation
+    GET  /v1/models             the one model served
+    GET  /health                {"status": "ok", "busy": ..., "queued": ...}
+
+Requests are queued, not batched: one worker thread runs them one after another, first come first
+served, over one TextGenerator (one cache of the folder's capacity). It keeps the tokens of the
+last request, so a client that sends its conversation again with one more turn prefills only the
+new turn. Each request is checked before it queues: a prompt plus max_tokens past the capacity,
+or a field this server does not implement (n > 1, logprobs, echo, tools...), is a 400 in OpenAI's
+error format naming it. A streaming client that disconnects stops its generation before the next
+token, and the queue moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI, Request  # the serve extra (pyproject.toml); module level: FastAPI resolves the
+from fastapi.responses import JSONResponse, StreamingResponse  # handlers' annotations in this module
+
+from ..runtime.chat import TextGenerator, TextStream
+from ..runtime.generate import Sampling
+
+log = logging.getLogger("quest_ort.serve")
+
+# Fields of OpenAI's requests this server reads; others it accepts only at their default value.
+_UNSUPPORTED_UNLESS = {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "top_logprobs": None, "tools": None,
+                       "tool_choice": None, "functions": None, "function_call": None, "suffix": None,
+                       "logit_bias": None, "response_format": None}
+
+
+class RequestError(ValueError):
+    """A request this server refuses (HTTP 400), naming the field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def _error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+def _number(body: dict, name: str, default, kind=float):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise RequestError(f"'{name}' must be {'a number' if kind is float else 'an integer'}, got {value!r}", name)
+    return kind(value)
+
+
+def _message_text(content, index: int) -> str:
+    """A message's content: a string, or OpenAI's list of parts of which only text parts are read."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)
+    raise RequestError(f"messages[{index}].content must be a string or text parts", f"messages[{index}].content")
+
+
+class Job:
+    """One checked request: its prompt ids and generation settings, and how to cancel it."""
+
+    def __init__(self, prompt: list[int], sampling: Sampling, stop: tuple[str, ...]):
+        self.prompt, self.sampling, self.stop = prompt, sampling, stop
+        self.cancelled = threading.Event()
+        self.stream: TextStream | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        if self.stream is not None:
+            self.stream.cancel()
+
+
+class Server:
+    """The model, its one TextGenerator and the worker thread that runs requests in turn."""
+
+    def __init__(self, generator: TextGenerator, name: str):
+        self.generator, self.name = generator, name
+        self.created = int(time.time())
+        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="quest-ort-serve")
+        self._lock = threading.Lock()
+        self.queued = 0  # requests accepted and not finished
+        self.current: Job | None = None  # the request the worker runs
+
+    def check(self, body: dict, prompt: list[int]) -> Job:
+        """The request as a Job, or a RequestError (400) before it queues."""
+        for field, default in _UNSUPPORTED_UNLESS.items():
+            if body.get(field, default) not in (default, None):
+                raise RequestError(f"'{field}' = {body[field]!r} is not supported by this server", field)
+        model = body.get("model")
+        if model not in (None, self.name):
+            raise RequestError(f"model {model!r} is not served here; this server serves {self.name!r}", "model")
+        capacity = self.generator.capacity
+        room = capacity - len(prompt)
+        if room <= 0:
+            raise RequestError(f"the prompt is {len(prompt)} tokens; the model's context holds {capacity}",
+                               "messages" if "messages" in body else "prompt")
+        limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        max_tokens = _number(body, limit_name, None, int)
+        if max_tokens is not None and max_tokens < 0:
+            raise RequestError(f"'{limit_name}' must be >= 0, got {max_tokens}", limit_name)
+        if max_tokens is not None and max_tokens > room:
+            raise RequestError(f"the prompt is {len(prompt)} tokens and {limit_name} {max_tokens}: together past the "
+                               f"model's context of {capacity} tokens", limit_name)
+        stop = body.get("stop")
+        stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
+        if not (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)) or len(stop) > 4:
+            raise RequestError("'stop' must be a string or up to 4 strings", "stop")
+        try:
+            sampling = Sampling(max_new_tokens=room if max_tokens is None else max_tokens,
+                                temperature=_number(body, "temperature", 1.0), top_p=_number(body, "top_p", 1.0),
+                                seed=_number(body, "seed", None, int), stop_tokens=self.generator.stop_tokens)
+        except ValueError as error:
+            raise RequestError(str(error)) from error
+        return Job(prompt, sampling, tuple(stop))
+
+    def run(self, job: Job, emit: Callable[[str], None]) -> TextStream | None:
+        """Runs `job` on the worker thread (queued behind earlier ones), calling emit(delta) per
+        delta; the finished TextStream, or None when cancelled before it started."""
+        if job.cancelled.is_set():
+            return None
+        self.current = job
+        try:
+            job.stream = self.generator.complete(job.prompt, job.sampling, stop=job.stop)
+            if job.cancelled.is_set():
+                job.stream.cancel()
+            with job.stream:
+                for delta in job.stream:
+                    emit(delta)
+            return job.stream
+        finally:
+            self.current = None
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None
+
+    async def submit(self, job: Job, emit: Callable[[str], None]) -> TextStream | None:
+        with self._lock:
+            self.queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._worker, self.run, job, emit)
+        finally:
+            with self._lock:
+                self.queued -= 1
+
+    def close(self) -> None:
+        """Refuse what is queued and stop the running request before its next token."""
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        job = self.current
+        if job is not None:
+            job.cancel()
+
+
+def _usage(stream: TextStream) -> dict:
+    u = stream.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens}
+
+
+def create_app(generator: TextGenerator, name: str):
+    """The FastAPI app serving `generator`'s model as `name`."""
+    server = Server(generator, name)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        server.close()
+
+    app = FastAPI(title="quest-ort", lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, error: RequestError):
+        log.info("refused: %s", error)
+        return JSONResponse(_error_body(str(error), error.param), status_code=400)
+
+    async def read_body(request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except ValueError as error:
+            raise RequestError(f"the body is not JSON: {error}") from error
+        if not isinstance(body, dict):
+            raise RequestError("the body must be a JSON object")
+        return body
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": name, "busy": server.busy, "queued": server.queued,
+                "context_used": generator.context_used, "capacity": generator.capacity}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": server.created,
+                                            "owned_by": "quest-ort"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await read_body(request)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("'messages' must be a non-empty list", "messages")
+        checked = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise RequestError(f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
+            checked.append({"role": message["role"], "content": _message_text(message.get("content"), i)})
+        try:
+            prompt = generator.tokenizer.encode_chat(checked)
+        except Exception as error:  # the template's own raise_exception (a role it does not take...)
+            raise RequestError(f"the chat template refused the messages: {error}", "messages") from error
+        return await respond(request, body, prompt, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await read_body(request)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = generator.tokenizer.encode(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = prompt
+            if max(ids) >= generator.model.vocab_size or min(ids) < 0:
+                raise RequestError(f"prompt token ids must lie in [0, {generator.model.vocab_size})", "prompt")
+        else:
+            raise RequestError("'prompt' must be a string (or one string, or token ids)", "prompt")
+        if not ids:
+            raise RequestError("the prompt encodes to no tokens", "prompt")
+        return await respond(request, body, ids, chat=False)
+
+    async def respond(request: Request, body: dict, prompt: list[int], chat: bool):
+        job = server.check(body, prompt)
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise RequestError("'stream' must be true or false", "stream")
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+        if not stream:
+            result = await server.submit(job, lambda delta: None)
+            choice = {"index": 0, "finish_reason": result.finish_reason}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": result.text}
+            else:
+                choice.update(text=result.text, logprobs=None)
+            return {"id": ident, "object": kind, "created": created, "model": name, "choices": [choice],
+                    "usage": _usage(result)}
+        options = body.get("stream_options") or {}
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        return StreamingResponse(events(job, ident, created, chat, include_usage), media_type="text/event-stream")
+
+    async def events(job: Job, ident: str, created: int, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(delta: dict | None = None, text: str | None = None, finish: str | None = None,
+                  usage: dict | None = None) -> str:
+            choices = [] if usage is not None else [
+                {"index": 0, "finish_reason": finish, **({"delta": delta or {}} if chat else
+                                                          {"text": text or "", "logprobs": None})}]
+            event = {"id": ident, "object": kind, "created": created, "model": name, "choices": choices}
+            if usage is not None:
+                event["usage"] = usage
+            return f"data: {json.dumps(event)}\n\n"
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+        task = asyncio.ensure_future(server.submit(job, lambda delta: loop.call_soon_threadsafe(queue.put_nowait,
+                                                                                                delta)))
+        task.add_done_callback(lambda _: queue.put_nowait(done))
+        try:
+            if chat:
+                yield chunk(delta={"role": "assistant", "content": ""})
+            while (item := await queue.get()) is not done:
+                yield chunk(delta={"content": item}, text=item)
+            try:
+                result = task.result()
+            except Exception as error:  # a failed step: said in the stream, as OpenAI does, then ended
+                log.exception("%s: generation failed", ident)
+                yield f"data: {json.dumps(_error_body(f'generation failed: {error}', kind='server_error'))}\n\n"
+                return
+            yield chunk(delta={}, finish=result.finish_reason)
+            if include_usage:
+                yield chunk(usage=_usage(result))
+            yield "data: [DONE]\n\n"
+        finally:  # the client went away (or the stream failed): stop generating before the next token
+            if not task.done():
+                job.cancel()
+                log.info("%s: client disconnected, generation cancelled", ident)
+
+    return app
+
+
+def serve(folder, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, threads: int | None = None,
+          log_level: str = "info") -> None:
+    """Load the folder and serve it until interrupted."""
+    import pathlib
+
+    import uvicorn
+
+    from ..runtime.model import QuestModel
+
+    folder = pathlib.Path(folder)
+    generator = TextGenerator(QuestModel(folder, threads=threads))
+    app = create_app(generator, name or folder.resolve().name)
+    log.info("serving %s as %r on http://%s:%d/v1 (capacity %d tokens; requests queued, one at a time)",
+             folder, app.state.server.name, host, port, generator.capacity)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

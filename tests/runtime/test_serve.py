@@ -1,0 +1,209 @@
+"""`quest-ort serve` through the official `openai` client, on 127.0.0.1: chat and text completions,
+streaming, two clients at once, requests past the capacity, a client that leaves mid-stream."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")  # the test extra: installed by make
+uvicorn = pytest.importorskip("uvicorn")  # the serve extra: installed by make
+
+from quest_ort.apps.serve import create_app  # noqa: E402
+from quest_ort.runtime.chat import TextGenerator  # noqa: E402
+from quest_ort.runtime.model import QuestModel  # noqa: E402
+from support.export_models import text_export  # noqa: E402
+
+NAME = "tiny-qwen3"
+QUESTIONS = ["Héllo, 世界!", "Why is the sky blue?", "Name three colours."]
+
+
+@functools.cache
+def _model() -> QuestModel:
+    return QuestModel(text_export(), threads=1)
+
+
+def expected_reply(question: str, max_tokens: int) -> str:
+    """The greedy reply of a fresh in-process generator: what the server must answer."""
+    generator = TextGenerator(_model())
+    prompt = generator.tokenizer.encode_chat([{"role": "user", "content": question}])
+    return generator.complete(prompt, max_new_tokens=max_tokens).read()
+
+
+class SlowModel:
+    """The model with a pause before every decode step: a reply long enough to leave in the middle of."""
+
+    def __init__(self, model: QuestModel, pause: float):
+        self._model, self._pause = model, pause
+
+    def step(self, cache, input_ids, valid=None, *, exact=False):
+        if not exact:
+            time.sleep(self._pause)
+        return self._model.step(cache, input_ids, valid, exact=exact)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+@contextlib.contextmanager
+def running(generator: TextGenerator):
+    """The app on uvicorn in a thread, on a free port of 127.0.0.1; yields (base URL, app)."""
+    app = create_app(generator, NAME)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def served():
+    with running(TextGenerator(_model())) as (url, app):
+        yield url, app
+
+
+def client(url: str):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def ask(url: str, question: str, max_tokens: int = 12, **options):
+    return client(url).chat.completions.create(model=NAME, messages=[{"role": "user", "content": question}],
+                                               max_tokens=max_tokens, temperature=0, **options)
+
+
+def test_models_and_health(served):
+    url, _ = served
+    assert [m.id for m in client(url).models.list().data] == [NAME]
+    health = get(f"{url}/health")
+    assert health["status"] == "ok" and health["capacity"] == 256 and health["model"] == NAME
+
+
+@pytest.mark.parametrize("question", QUESTIONS[:2])
+def test_a_chat_completion_is_the_greedy_reply(served, question):
+    url, _ = served
+    reply = ask(url, question)
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == expected_reply(question, 12)
+    assert reply.choices[0].finish_reason in ("length", "stop") and reply.model == NAME
+    assert reply.usage.completion_tokens <= 12 and reply.usage.total_tokens == (reply.usage.prompt_tokens
+                                                                                 + reply.usage.completion_tokens)
+
+
+def test_a_streamed_chat_completion_gives_the_same_text_in_deltas(served):
+    url, _ = served
+    chunks = list(ask(url, QUESTIONS[0], stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected_reply(QUESTIONS[0], 12)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes in (["length"], ["stop"]) and chunks[-1].usage.completion_tokens <= 12
+
+
+def test_a_text_completion_streamed_and_not(served):
+    url, _ = served
+    plain = client(url).completions.create(model=NAME, prompt="Once upon", max_tokens=8, temperature=0)
+    streamed = client(url).completions.create(model=NAME, prompt="Once upon", max_tokens=8, temperature=0, stream=True)
+    generator = TextGenerator(_model())
+    assert plain.choices[0].text == "".join(c.choices[0].text for c in streamed) == generator.generate_text(
+        "Once upon", max_new_tokens=8)
+
+
+def test_two_clients_at_once_each_get_their_own_reply(served):
+    url, _ = served
+    results = {}
+
+    def run(question, stream):
+        if stream:
+            results[question] = "".join(c.choices[0].delta.content or "" for c in ask(url, question, 24, stream=True)
+                                        if c.choices)
+        else:
+            results[question] = ask(url, question, 24).choices[0].message.content
+
+    threads = [threading.Thread(target=run, args=(q, i % 2 == 0)) for i, q in enumerate(QUESTIONS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert results == {q: expected_reply(q, 24) for q in QUESTIONS}
+
+
+@pytest.mark.parametrize("request_fields, named", [
+    (dict(max_tokens=10_000), "max_tokens"),                          # prompt + max_tokens past the capacity
+    (dict(messages=[{"role": "user", "content": "word " * 400}]), "context"),  # the prompt alone
+    (dict(n=2), "'n'"),
+    (dict(temperature=-1), "temperature"),
+    (dict(model="gpt-4o"), "not served"),
+])
+def test_a_request_the_server_cannot_honour_is_a_400_naming_why(served, request_fields, named):
+    url, _ = served
+    fields = {**dict(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4), **request_fields}
+    with pytest.raises(openai.BadRequestError, match=named):
+        client(url).chat.completions.create(**fields)
+    assert ask(url, "Hi", 4).choices[0].message.content == expected_reply("Hi", 4)  # still serving
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_generation_and_frees_the_server():
+    generator = TextGenerator(SlowModel(_model(), pause=0.05))
+    with running(generator) as (url, app):
+        stream = ask(url, QUESTIONS[1], max_tokens=200, stream=True)
+        for i, _ in enumerate(stream):
+            if i == 3:
+                break
+        stream.close()  # 200 tokens would take 10 s
+        deadline = time.monotonic() + 5
+        while get(f"{url}/health")["busy"]:
+            assert time.monotonic() < deadline, "the generation went on after the client left"
+            time.sleep(0.05)
+        assert generator.context_used < generator.tokenizer.encode_chat(
+            [{"role": "user", "content": QUESTIONS[1]}]).__len__() + 40
+        assert ask(url, "Hi", 4).choices[0].message.content == expected_reply("Hi", 4)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_serve_command_answers_the_openai_client():
+    port = _free_port()
+    command = [sys.executable, "-m", "quest_ort.apps.cli", "serve", str(text_export()), "--port", str(port),
+               "--name", NAME, "--threads", "1", "--quiet"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.communicate()[1]
+            try:
+                if get(f"{url}/health")["status"] == "ok":
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "quest-ort serve did not come up"
+                time.sleep(0.2)
+        assert ask(url, QUESTIONS[0]).choices[0].message.content == expected_reply(QUESTIONS[0], 12)
+    finally:
+        process.terminate()
+        process.wait(30)
