@@ -53,3 +53,10 @@ def test_a_2k_token_prompt_gives_back_its_pass_key(exported, reference):
     answer = tokenizer.decode(Generator(model).generate([prompt], Sampling(max_new_tokens=ANSWER_TOKENS))[0],
                               skip_special_tokens=True)
     assert key in answer, f"{reference}: {answer!r} for a {len(prompt)}-token prompt hiding {key} at depth {DEPTH}"
+
+
+def test_the_readmes_chat_snippet_answers_on_smollm2(exported):
+    from support.readme_snippets import run_chat_snippet
+
+    printed = run_chat_snippet(exported[0])
+    assert "Paris" in printed and "Berlin" in printed, printed

@@ -222,3 +222,14 @@ def test_generate_text_continues_a_plain_prompt():
     tokens = Generator(_model()).generate([_tokenizer().encode("Once upon")], Sampling(max_new_tokens=6,
                                                                                        stop_tokens=(2,)))[0]
     assert text == _tokenizer().decode(tokens)
+
+
+def test_the_readmes_chat_snippet_runs_on_the_default_export(tmp_path):
+    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.export.rewrite import SparseSettings
+    from support.readme_snippets import run_chat_snippet
+
+    folder = tmp_path / "qwen3-quest"  # what `export-sparse qwen3 --k 32 -o qwen3-quest` writes
+    export_sparse("qwen3", output=folder, settings=SparseSettings(top_k=32), log=lambda *a, **k: None)
+    printed = run_chat_snippet(folder)
+    assert printed.count("\n") >= 2 and printed.strip()  # three replies of random weights: text, whatever it says
