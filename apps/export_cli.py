@@ -15,6 +15,7 @@ from ..export.families import FAMILIES
 from ..export.rewrite import ExportError, SparseSettings
 from ..model_folder.settings import WEIGHT_TYPES, attribute_range_problem
 from ..ops.schemas import INT32_MAX, SPARSE_BLOCK_SELECT
+from .console import add_logging_flags, configure_logging
 
 _DEFAULT = SparseSettings(top_k=1)  # the option defaults are the settings' own (one source of truth)
 
@@ -117,11 +118,13 @@ def parser() -> argparse.ArgumentParser:
                    help="output folder (default: <family>-quest-k<K>)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
     p.add_argument("--no-validate", action="store_true", help="skip the numeric comparison with the source graph (optimum's, or the input .onnx)")
+    add_logging_flags(p)  # -v / --quiet: the progress lines (stderr); the summary stays on stdout
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    configure_logging(args.verbose, args.quiet)
     from ..export.requirements import missing_message
     from .pipeline import export_sparse, rewrite_onnx
 

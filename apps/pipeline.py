@@ -32,6 +32,7 @@ from ..export.steps import (eos_ids, fit_dense_layers, geometry_from_config, opt
 from ..model_folder.safety import check_external_data
 from ..model_folder.settings import Geometry
 from .calibrate import CALIBRATION_TOKENS, calibrate_key_factors
+from .console import Progress
 from .validate import Drift, SourceLogits, narrow_cache, validate_drift, validate_export
 
 
@@ -44,24 +45,6 @@ class ExportReport:
     quantized: QuantizedWeights | None = None  # with --weights int8 or int4
     weight_drift: Drift | None = None  # their validation (with narrow caches, of both)
     cache_drift: Drift | None = None  # caches narrower than the activations: their validation
-
-
-class Progress:
-    """Numbered step messages with their durations."""
-
-    def __init__(self, total: int, log=print):
-        self.total, self.index, self.log, self.started = total, 0, log, None
-
-    def step(self, message: str) -> None:
-        self.done()
-        self.index += 1
-        self.started = time.perf_counter()
-        self.log(f"[{self.index}/{self.total}] {message} ...", end="", flush=True)
-
-    def done(self) -> None:
-        if self.started is not None:
-            self.log(f" {time.perf_counter() - self.started:.1f}s", flush=True)
-            self.started = None
 
 
 @dataclasses.dataclass
@@ -89,9 +72,10 @@ def export_sparse(
     capacity: int | None = None,
     overwrite: bool = False,
     validate: bool = True,
-    log=print,
+    log=None,
 ) -> ExportReport:
-    """Export `family` (the embedded default, or `model`) with its attention rewritten to Quest ops."""
+    """Export `family` (the embedded default, or `model`) with its attention rewritten to Quest ops.
+    `log`: called with each finished step's line (default: the quest_ort logger, with a bar on a terminal)."""
     if family not in FAMILIES:
         raise ExportError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
 
@@ -133,7 +117,7 @@ def rewrite_onnx(
     capacity: int | None = None,
     overwrite: bool = False,
     validate: bool = True,
-    log=print,
+    log=None,
 ) -> ExportReport:
     """Rewrite an already exported ONNX model (GroupQueryAttention or opset-23 Attention graphs, or
     an optimum export) into a Quest model folder, validated against the input graph as export_sparse

@@ -1,0 +1,36 @@
+"""`quest-ort chat`: replies streamed to stdout, speed and context on stderr, /reset and /exit, and a
+folder without a tokenizer refused with one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from support.export_models import quest_export, text_export
+
+
+def chat(folder, lines: str, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quest_ort.apps.cli", "chat", str(folder), "--threads", "1",
+                           "--max-new-tokens", "6", *options], input=lines, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_conversation_streams_replies_and_reports_speed_and_context():
+    done = chat(text_export(), "Hello there\nAnd then?\n/reset\nHello there\n/exit\nnever read\n")
+    assert done.returncode == 0, done.stderr
+    replies = [line for line in done.stdout.split(">>> ") if line.strip()]
+    assert len(replies) == 3, done.stdout
+    assert replies[0] == replies[2]  # after /reset the same question gets the same (greedy) reply
+    stats = [line for line in done.stderr.splitlines() if "tokens/s" in line]
+    assert len(stats) == 3 and all("of 256 tokens of context used" in line for line in stats), done.stderr
+    assert "reused" in stats[1] and "(conversation reset)" in done.stderr
+
+
+def test_quiet_keeps_only_the_replies_and_end_of_input_leaves():
+    done = chat(text_export(), "Hello there\n", "--quiet")
+    assert done.returncode == 0 and done.stderr == "" and done.stdout.count(">>> ") == 2
+
+
+def test_a_folder_without_a_tokenizer_is_one_line_and_exit_code_2():
+    done = chat(quest_export("qwen3", top_k=4), "Hi\n")
+    assert done.returncode == 2 and "no tokenizer" in done.stderr and len(done.stderr.strip().splitlines()) == 1
