@@ -9,6 +9,7 @@ does not interleave with ours.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -38,13 +39,17 @@ def configure_logging(verbose: bool = False, quiet: bool = False) -> None:
     root.propagate = False
     for name in ("transformers", "huggingface_hub", "optimum"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    try:  # transformers' own progress bars (GGUF conversion, checkpoint loading)
-        from transformers.utils import logging as transformers_logging
-
+    # transformers' and the hub's own bars (GGUF conversion, checkpoint loading) and advice, read when
+    # they are imported (not imported here: a command that needs neither must not pay for them).
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if sys.modules.get("transformers") is not None:  # already imported: tell it directly
+        try:
+            from transformers.utils import logging as transformers_logging
+        except ImportError:  # a broken or stubbed transformers: the exporter names it later
+            return
         transformers_logging.disable_progress_bar()
         transformers_logging.set_verbosity_error()
-    except ImportError:
-        pass
 
 
 def add_logging_flags(parser) -> None:

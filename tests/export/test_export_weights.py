@@ -45,13 +45,13 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 @functools.cache
 def default_export(weights: str) -> tuple[pathlib.Path, str]:
     """`export-sparse qwen3 --k 4 --weights <weights>` of the embedded default model: the folder and
-    what the command printed."""
+    what the command printed (its progress lines on stderr, then its summary on stdout)."""
     output = _ROOT / f"qwen3-{weights}"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    printed, progress = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(progress):
         status = cli.main(["qwen3", "--k", "4", "--capacity", "512", "--weights", weights, "-o", str(output)])
-    assert status == 0, printed.getvalue()
-    return output, printed.getvalue()
+    assert status == 0, progress.getvalue() + printed.getvalue()
+    return output, progress.getvalue() + printed.getvalue()
 
 
 def _model(folder: pathlib.Path) -> onnx.ModelProto:
