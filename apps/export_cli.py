@@ -12,6 +12,7 @@ import pathlib
 import sys
 
 from ..export.families import FAMILIES
+from ..export.genai_variant import GENAI_CONFIG_FILE, GENAI_MODEL_FILE
 from ..export.rewrite import ExportError, SparseSettings
 from ..model_folder.settings import WEIGHT_TYPES, attribute_range_problem
 from ..ops.schemas import INT32_MAX, SPARSE_BLOCK_SELECT
@@ -168,6 +169,10 @@ def main(argv=None) -> int:
             print(f"validation of the {drift.what}: relative logit error vs the float source = "
                   f"{drift.relative_error:.3f} (tolerance {drift.tolerance:.3g}), max |logit difference| "
                   f"{drift.max_abs_diff:.3g}")
+    if isinstance(report.genai, list):
+        print(f"onnxruntime-genai: {GENAI_CONFIG_FILE} and {GENAI_MODEL_FILE} (og.Model(\"{report.output}\"))")
+    elif report.genai is not None:
+        print(f"onnxruntime-genai: no files for {report.genai}")
     print(f"wrote {report.output} in {report.seconds:.1f}s")
     return 0
 

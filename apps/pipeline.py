@@ -26,11 +26,14 @@ from typing import Callable
 from ..export.families import FAMILIES, build_default_model, load_checkpoint, read_config
 from ..export.quantize import BLOCK_SIZE, QUANTIZED_OPS, QuantizedWeights, quantize_folder
 from ..export.rewrite import ExportError, SparseSettings, geometry_from_graph, rewrite_attention
+from ..export.genai_variant import genai_refusal, write_genai_files
 from ..export.rewrite.genai_config import read_genai_config
 from ..export.steps import (eos_ids, fit_dense_layers, geometry_from_config, optimum_export, place, prepare_output,
                             save_folder)
 from ..model_folder.safety import check_external_data
 from ..model_folder.settings import Geometry
+from ..model_folder.sidecar import Sidecar
+from ..ops import get_library_path
 from .calibrate import CALIBRATION_TOKENS, calibrate_key_factors
 from .console import Progress
 from .validate import Drift, SourceLogits, narrow_cache, validate_drift, validate_export
@@ -45,6 +48,7 @@ class ExportReport:
     quantized: QuantizedWeights | None = None  # with --weights int8 or int4
     weight_drift: Drift | None = None  # their validation (with narrow caches, of both)
     cache_drift: Drift | None = None  # caches narrower than the activations: their validation
+    genai: list[str] | str | None = None  # the onnxruntime-genai files written, or why there are none
 
 
 @dataclasses.dataclass
@@ -202,9 +206,14 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
             if validate:
                 progress.step(f"measuring the logit drift of the {weights} weights against {reference}")
                 drift = validate_drift(reference_logits, staged)
+        sidecar = Sidecar.read(staged)  # as quantizing left it
+        genai_files = genai_refusal(sidecar)
+        if genai_files is None:  # the genai variant reads the final graph: written last
+            genai_files = write_genai_files(staged, sidecar, get_library_path())
         progress.done()
         place(staged, output)
-    return ExportReport(output, counts, difference, time.perf_counter() - begin, quantized, drift, cache_drift)
+    return ExportReport(output, counts, difference, time.perf_counter() - begin, quantized, drift, cache_drift,
+                        genai_files)
 
 
 def _activation_cache_twin(graph: _Source, work: pathlib.Path, vocab: int) -> pathlib.Path:
