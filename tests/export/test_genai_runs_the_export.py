@@ -61,3 +61,15 @@ def test_the_default_export_runs_in_genai_as_in_this_package(tmp_path):
     export_sparse("qwen3", output=folder, settings=SparseSettings(top_k=32), log=lambda *a, **k: None)
     prompt = np.random.default_rng(0).integers(3, 8192, 400).tolist()  # past the 256-token budget
     assert og_run(folder, 64, {"ids": prompt})["tokens"] == ours(folder, prompt, 64)
+
+
+def test_the_readmes_genai_snippet_runs_on_the_default_export(tmp_path):
+    from support.readme_snippets import DEFAULT_FOLDER, python_block
+
+    folder = tmp_path / DEFAULT_FOLDER
+    export_sparse("qwen3", output=folder, settings=SparseSettings(top_k=32), log=lambda *a, **k: None)
+    code = python_block("og.Model(")
+    done = subprocess.run([os.environ.get("QUEST_ORT_GENAI_PYTHON") or pytest.fail("run with `make test-genai`"),
+                           "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Once upon a time") and len(done.stdout) > len("Once upon a time") + 20
