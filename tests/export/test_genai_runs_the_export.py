@@ -73,3 +73,35 @@ def test_the_readmes_genai_snippet_runs_on_the_default_export(tmp_path):
                            "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Once upon a time") and len(done.stdout) > len("Once upon a time") + 20
+
+
+def _genai_libraries(into: pathlib.Path) -> pathlib.Path:
+    """A lib folder as ONNX Runtime's and genai's release archives lay theirs out, linking to the
+    genai venv's wheels: libonnxruntime-genai.so and libonnxruntime.so.1 (the SONAME the wheel's
+    versioned file carries, which genai finds already loaded)."""
+    python = os.environ.get("QUEST_ORT_GENAI_PYTHON") or pytest.fail("run with `make test-genai`")
+    found = subprocess.run([python, "-c", "import glob, os, onnxruntime, onnxruntime_genai as og; "
+                            "print(os.path.join(os.path.dirname(og.__file__), 'libonnxruntime-genai.so')); "
+                            "print(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), 'capi', "
+                            "'libonnxruntime.so.1.*'))[0])"], capture_output=True, text=True, check=True)
+    genai, runtime = found.stdout.split()
+    into.mkdir()
+    (into / "libonnxruntime-genai.so").symlink_to(genai)
+    (into / "libonnxruntime.so.1").symlink_to(runtime)
+    return into
+
+
+def test_a_c_app_runs_the_default_export_through_genais_c_api(tmp_path):
+    folder = tmp_path / "qwen3-quest"
+    export_sparse("qwen3", output=folder, settings=SparseSettings(top_k=32), log=lambda *a, **k: None)
+    lib = _genai_libraries(tmp_path / "lib")
+    app = tmp_path / "genai_c_app"
+    subprocess.run(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-O1",
+                    str(pathlib.Path(__file__).with_name("genai_c_app.c")), "-o", str(app), "-Wl,--no-as-needed",
+                    f"-L{lib}", "-lonnxruntime-genai", "-l:libonnxruntime.so.1", f"-Wl,-rpath,{lib}"], check=True)
+    prompt = " ".join(f"line {i} of a long prompt," for i in range(40))  # past the 256-token budget
+    ids = FolderTokenizer.from_folder(folder).encode(prompt)
+    done = subprocess.run([str(app), str(folder), prompt, str(len(ids) + 48)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert len(ids) > 256 and [int(t) for t in done.stdout.splitlines()[0].split()] == ours(folder, ids, 48)
