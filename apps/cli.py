@@ -2,6 +2,7 @@
 
     quest-ort chat qwen3-quest --max-new-tokens 256
     quest-ort serve qwen3-quest --port 8000     # then any OpenAI client at http://127.0.0.1:8000/v1
+    quest-ort serve qwen3-quest --replicas 2    # two processes behind one address (Ray Serve)
 """
 
 from __future__ import annotations
@@ -118,11 +119,32 @@ def chat(args, read_line=input, write=sys.stdout.write) -> int:
 
 
 def serve(args) -> int:
+    if args.replicas > 1:
+        return serve_replicas(args)
     from .serve import serve as run_server
 
     run_server(args.folder, host=args.host, port=args.port, name=args.name, threads=args.threads,
                log_level="debug" if args.verbose else "warning" if args.quiet else "info")
     return 0
+
+
+def serve_replicas(args) -> int:
+    from .replicas import RayServeMissingError, ReplicaStartError, serve_replicas as run_replicas
+
+    try:
+        run_replicas(args.folder, args.replicas, host=args.host, port=args.port, name=args.name, threads=args.threads,
+                     log_level="debug" if args.verbose else "warning" if args.quiet else "info")
+    except (RayServeMissingError, ReplicaStartError) as error:
+        log.error("quest-ort serve --replicas: %s", error)
+        return 2
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--host", default="127.0.0.1")
     http.add_argument("--port", type=int, default=8000)
     http.add_argument("--name", default=None, help="the model's name in the API (default: the folder's name)")
+    http.add_argument("--replicas", type=_positive, default=1,
+                      help="N > 1: N processes, each with its own session and cache, behind one address (Ray Serve, "
+                           "the replicas extra; --threads is then per replica, default the cores shared out)")
     http.set_defaults(run=serve)
     return parser
 

@@ -3,7 +3,7 @@
     POST /v1/chat/completions   messages -> reply (the folder's chat template), streamed with `stream`
     POST /v1/completions        a text prompt -> its continuation
     GET  /v1/models             the one model served
-    GET  /health                {"status": "ok", "busy": ..., "queued": ...}
+    GET  /health                {"status": "ok", "busy": ..., "queued": ..., "pid": ...}
 
 Requests are queued, not batched: one worker thread runs them one after another, first come first
 served, over one TextGenerator (one cache of the folder's capacity). It keeps the tokens of the
@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -199,8 +200,9 @@ def create_app(generator: TextGenerator, name: str):
 
     @app.get("/health")
     async def health():
+        # pid: which process answered, when replicas (apps/replicas.py) share one address
         return {"status": "ok", "model": name, "busy": server.busy, "queued": server.queued,
-                "context_used": generator.context_used, "capacity": generator.capacity}
+                "context_used": generator.context_used, "capacity": generator.capacity, "pid": os.getpid()}
 
     @app.get("/v1/models")
     async def models():
