@@ -13,25 +13,13 @@ import pathlib
 import sys
 import time
 
+from .console import add_logging_flags, bar, configure_logging
+
 log = logging.getLogger("quest_ort")
 
 CHAT_HELP = "/reset starts the conversation again, /exit (or Ctrl-D) leaves; Ctrl-C stops a reply."
 # A prompt of more new tokens than this shows a progress bar while it is prefilled.
 PREFILL_BAR_TOKENS = 1024
-
-
-def configure_logging(verbose: bool, quiet: bool) -> None:
-    """Our messages through `logging` on stderr: INFO by default, DEBUG with -v, warnings only with
-    --quiet; third-party progress output (transformers, huggingface) silenced either way."""
-    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    root = logging.getLogger("quest_ort")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
-    for name in ("transformers", "huggingface_hub"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def _sampling_options(args) -> dict:
@@ -42,19 +30,16 @@ def _sampling_options(args) -> dict:
 
 
 class PrefillBar:
-    """A progress bar on stderr for a long prefill (tqdm), none for a short one."""
+    """A progress bar (console.bar: on a terminal only) for a prefill of PREFILL_BAR_TOKENS or more."""
 
-    def __init__(self, quiet: bool):
-        self.quiet, self.bar = quiet, None
+    def __init__(self):
+        self.bar = None
 
     def __call__(self, done: int, total: int) -> None:
-        if self.quiet or total < PREFILL_BAR_TOKENS:
-            return
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="tok", desc="prefill", leave=False, file=sys.stderr)
-        self.bar.update(done - self.bar.n)
+        if self.bar is None and total >= PREFILL_BAR_TOKENS:
+            self.bar = bar(total, "tok", "prefill")
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -90,10 +75,10 @@ def chat(args, read_line=input, write=sys.stdout.write) -> int:
         if text.startswith("/"):
             log.warning("unknown command %s. %s", text, CHAT_HELP)
             continue
-        bar = PrefillBar(args.quiet)
+        prefill_bar = PrefillBar()
         started = time.perf_counter()
         try:
-            reply = conversation.send(text, stream=True, on_prefill=bar)
+            reply = conversation.send(text, stream=True, on_prefill=prefill_bar)
         except (CapacityError, ValueError) as error:
             log.error("%s (/reset starts again)", error)
             continue
@@ -102,13 +87,13 @@ def chat(args, read_line=input, write=sys.stdout.write) -> int:
             with reply:
                 for delta in reply:
                     if first is None:
-                        bar.close()
+                        prefill_bar.close()
                         first = time.perf_counter()
                     write(delta)
                     sys.stdout.flush()
         except KeyboardInterrupt:
             write(" [stopped]")
-        bar.close()
+        prefill_bar.close()
         write("\n")
         end = time.perf_counter()
         tokens = reply.usage.completion_tokens
@@ -153,9 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("folder", type=pathlib.Path, help="a folder written by export-sparse (with its tokenizer)")
     common.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
-    noise = common.add_mutually_exclusive_group()
-    noise.add_argument("-v", "--verbose", action="store_true", help="debug messages")
-    noise.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    add_logging_flags(common)
 
     talk = commands.add_parser("chat", parents=[common], help="chat in the terminal", description=CHAT_HELP)
     talk.add_argument("--system", default=None, help="a system prompt")
