@@ -234,7 +234,7 @@ def create_app(generator: TextGenerator, name: str):
             prompt = prompt[0]
         if isinstance(prompt, str):
             ids = generator.tokenizer.encode(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):  # ints, not bools
             ids = prompt
             if max(ids) >= generator.model.vocab_size or min(ids) < 0:
                 raise RequestError(f"prompt token ids must lie in [0, {generator.model.vocab_size})", "prompt")

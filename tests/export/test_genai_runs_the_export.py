@@ -18,7 +18,7 @@ from quest_ort.export.rewrite import SparseSettings
 from quest_ort.runtime.generate import Generator, Sampling
 from quest_ort.runtime.model import QuestModel
 from quest_ort.runtime.text import FolderTokenizer
-from support.export_models import TEXT_VOCAB, text_export
+from support.export_models import text_export
 
 pytestmark = pytest.mark.genai
 

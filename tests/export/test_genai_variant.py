@@ -28,7 +28,8 @@ def test_the_config_names_the_variants_inputs_outputs_and_sizes():
     config = json.loads((folder / GENAI_CONFIG_FILE).read_text())["model"]
     decoder = config["decoder"]
     graph = onnx.load(str(folder / GENAI_MODEL_FILE), load_external_data=False).graph
-    inputs = {value.name: [d.dim_value or d.dim_param for d in value.type.tensor_type.shape.dim] for value in graph.input}
+    inputs = {value.name: [d.dim_value or d.dim_param for d in value.type.tensor_type.shape.dim]
+              for value in graph.input}
     assert decoder["session_options"]["custom_ops_library"] == LIBRARY_FILE and (folder / LIBRARY_FILE).is_file()
     assert (config["context_length"], config["vocab_size"], decoder["num_key_value_heads"], decoder["head_size"]) == (
         sidecar.capacity, sidecar.vocab_size, sidecar.geometry.kv_num_heads, sidecar.geometry.head_dim)

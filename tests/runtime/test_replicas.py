@@ -5,52 +5,28 @@ cache, answer as the single-process server does. Run by `make test-replicas`, wh
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-import urllib.request
 
 import pytest
 
 from quest_ort.runtime.chat import TextGenerator
-from quest_ort.runtime.model import QuestModel
 from support.export_models import text_export
+from support.openai_server import (NAME, QUESTIONS, ask, client, expected_reply, free_port, get, replies_at_once,
+                                   text_model)
 
 pytestmark = pytest.mark.replicas
 
 openai = pytest.importorskip("openai")  # the test extra: installed by make
 
-NAME = "tiny-qwen3"
-QUESTIONS = ["Héllo, 世界!", "Why is the sky blue?", "Name three colours.", "Hi"]
 REPLICAS = 2
 # Ray's start, then each replica opening its model: seconds here, far longer on a loaded machine.
 START_TIMEOUT = 180
-
-
-@functools.cache
-def _model() -> QuestModel:
-    return QuestModel(text_export(), threads=1)
-
-
-def expected_reply(question: str, max_tokens: int) -> str:
-    """The greedy reply of a fresh in-process generator: what any replica must answer."""
-    generator = TextGenerator(_model())
-    prompt = generator.tokenizer.encode_chat([{"role": "user", "content": question}])
-    return generator.complete(prompt, max_new_tokens=max_tokens).read()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _session_processes(session: int) -> list[int]:
@@ -67,27 +43,13 @@ def _session_processes(session: int) -> list[int]:
     return found
 
 
-def get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read())
-
-
-def client(url: str):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def ask(url: str, question: str, max_tokens: int = 12, **options):
-    return client(url).chat.completions.create(model=NAME, messages=[{"role": "user", "content": question}],
-                                               max_tokens=max_tokens, temperature=0, **options)
-
-
 @pytest.fixture(scope="module")
 def replicas():
     """`quest-ort serve FOLDER --replicas 2` on a free port of 127.0.0.1; yields (base URL, its process).
     Stopped with SIGTERM, as a service manager would, and checked to leave no process behind."""
     if importlib.util.find_spec("ray") is None:
         pytest.fail("ray[serve] is not installed in this environment: `make test-replicas` installs it")
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "quest_ort.apps.cli", "serve", str(text_export()), "--replicas", str(REPLICAS),
                "--port", str(port), "--name", NAME, "--threads", "1", "--quiet"]
     # A session of its own: what Ray starts for it can be found (and, should it hang, stopped) by session.
@@ -154,27 +116,13 @@ def test_a_streamed_chat_completion_gives_the_same_text_in_deltas(replicas):
 
 def test_clients_at_once_each_get_their_own_reply(replicas):
     url, _ = replicas
-    results = {}
-
-    def run(question, stream):
-        if stream:
-            results[question] = "".join(c.choices[0].delta.content or "" for c in ask(url, question, 24, stream=True)
-                                        if c.choices)
-        else:
-            results[question] = ask(url, question, 24).choices[0].message.content
-
-    threads = [threading.Thread(target=run, args=(q, i % 2 == 0)) for i, q in enumerate(QUESTIONS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert results == {q: expected_reply(q, 24) for q in QUESTIONS}
+    assert replies_at_once(url, QUESTIONS, 24) == {q: expected_reply(q, 24) for q in QUESTIONS}
 
 
 def test_a_text_completion(replicas):
     url, _ = replicas
     plain = client(url).completions.create(model=NAME, prompt="Once upon", max_tokens=8, temperature=0)
-    assert plain.choices[0].text == TextGenerator(_model()).generate_text("Once upon", max_new_tokens=8)
+    assert plain.choices[0].text == TextGenerator(text_model()).generate_text("Once upon", max_new_tokens=8)
 
 
 def test_a_request_the_server_cannot_honour_is_still_a_400_naming_why(replicas):
@@ -189,7 +137,7 @@ def test_replicas_that_cannot_open_the_folder_stop_the_command_with_their_error(
     data = next(folder.glob("*.onnx.data"))  # the sidecar and tokenizer read fine; the session does not
     data.write_bytes(data.read_bytes()[:1000])
     command = [sys.executable, "-m", "quest_ort.apps.cli", "serve", str(folder), "--replicas", str(REPLICAS),
-               "--port", str(_free_port()), "--quiet"]
+               "--port", str(free_port()), "--quiet"]
     process = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT, start_new_session=True)
     assert process.returncode == 2, process.stderr
     # The replica's own error (ONNX Runtime's), not only Ray Serve's "failed to update the deployments"

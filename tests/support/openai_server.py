@@ -1,0 +1,70 @@
+"""What the server tests share: the tiny text model's expected replies, and the official openai client
+asking a server on 127.0.0.1 (tests/runtime/test_serve.py, test_replicas.py)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+import threading
+import urllib.request
+
+from quest_ort.runtime.chat import TextGenerator
+from quest_ort.runtime.model import QuestModel
+from support.export_models import text_export
+
+NAME = "tiny-qwen3"
+QUESTIONS = ["Héllo, 世界!", "Why is the sky blue?", "Name three colours.", "Hi"]
+
+
+@functools.cache
+def text_model() -> QuestModel:
+    return QuestModel(text_export(), threads=1)
+
+
+def expected_reply(question: str, max_tokens: int) -> str:
+    """The greedy reply of a fresh in-process generator: what the server must answer."""
+    generator = TextGenerator(text_model())
+    prompt = generator.tokenizer.encode_chat([{"role": "user", "content": question}])
+    return generator.complete(prompt, max_new_tokens=max_tokens).read()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def client(url: str):
+    import openai  # the test extra: installed by make
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def ask(url: str, question: str, max_tokens: int = 12, **options):
+    return client(url).chat.completions.create(model=NAME, messages=[{"role": "user", "content": question}],
+                                               max_tokens=max_tokens, temperature=0, **options)
+
+
+def replies_at_once(url: str, questions: list[str], max_tokens: int) -> dict[str, str]:
+    """Every question asked by a client of its own, all at once (every other one streaming)."""
+    results = {}
+
+    def run(question, stream):
+        if stream:
+            chunks = ask(url, question, max_tokens, stream=True)
+            results[question] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            results[question] = ask(url, question, max_tokens).choices[0].message.content
+
+    threads = [threading.Thread(target=run, args=(q, i % 2 == 0)) for i, q in enumerate(questions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    return results
