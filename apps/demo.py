@@ -25,6 +25,7 @@ from ..ops import native_kernel_isa
 from ..runtime.compare import Comparison, compare
 from ..runtime.generate import Sampling
 from ..runtime.model import QuestModel
+from .console import add_logging_flags, configure_logging
 from .pipeline import export_sparse
 
 WORK = pathlib.Path("build") / "demo"
@@ -127,7 +128,9 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32, help="new tokens of the Qwen3 part (default 32)")
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads (default: all cores)")
     parser.add_argument("--ops", action="store_true", help="one decode step of the three ops, explained")
+    add_logging_flags(parser)  # the exports' steps and the checkpoint's conversion, on stderr
     args, rest = parser.parse_known_args(argv)
+    configure_logging(args.verbose, args.quiet)
     if args.ops:
         from .ops_demo import main as ops_main
 

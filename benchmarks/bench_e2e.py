@@ -245,6 +245,9 @@ def main(argv=None):
     parser.add_argument("--prefill-tokens", type=lambda text: tuple(int(t) for t in text.split(",") if t),
                         default=PREFILL_TOKENS, help="prompt lengths of the prefill runs, comma-separated ('' for none)")
     args = parser.parse_args(argv)
+    from quest_ort.apps.console import configure_logging
+
+    configure_logging()  # the exports' steps and the checkpoints' conversion, on stderr
     from .gqa_int8 import MODEL_FILE
 
     folders = ensure_models()

@@ -54,6 +54,9 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--skip-optimum", action="store_true", help="measure only the Quest model")
     args = parser.parse_args(argv)
+    from quest_ort.apps.console import configure_logging
+
+    configure_logging()  # the exports' steps and the checkpoints' conversion, on stderr
     quest, optimum = ensure_models()
     rows = [measure("quest", quest, args.tokens)]
     print(rows[-1], flush=True)

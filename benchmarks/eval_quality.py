@@ -470,6 +470,9 @@ def main(argv=None):
     parser.add_argument("--report-only", action="store_true",
                         help="only write quality.md and the plots again from the output's quality.json")
     args = parser.parse_args(argv)
+    from quest_ort.apps.console import configure_logging
+
+    configure_logging()  # the exports' steps and the checkpoints' conversion, on stderr
     args.reuse_exports |= args.quick
     output = args.output or (WORK / "quick" if args.quick else DOCS)
     names = args.model or list(MODELS)

