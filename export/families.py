@@ -7,7 +7,9 @@ command works on a machine with no network and no checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import pathlib
 
 from .default_tokenizer import END_OF_TURN_ID, save_default_tokenizer
@@ -118,8 +120,11 @@ def convert_gguf(gguf: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # transformers draws its own bar over the GGUF's tensors (no setting turns it off): kept off the
+    # terminal, where the command's own messages say what runs; a failure still raises.
+    with contextlib.redirect_stderr(io.StringIO()):
+        model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
