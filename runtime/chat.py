@@ -30,7 +30,6 @@ from .generate import PREFILL_CHUNK, GeneratorBusyError, Sampling, choose
 from .model import CapacityError, QuestModel
 from .text import FolderTokenizer, StopText, TextDeltas
 
-FINISH_REASONS = ("stop", "length", "cancelled")
 
 
 def _model(model) -> QuestModel:
