@@ -31,7 +31,6 @@ from .model import CapacityError, QuestModel
 from .text import FolderTokenizer, StopText, TextDeltas
 
 
-
 def _model(model) -> QuestModel:
     """A folder opened as a QuestModel; a model object as given (a QuestModel, or one that behaves
     like it: a test's slowed-down model)."""
