@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-prefill eval clean
+.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-text bench-prefill eval clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -206,6 +206,12 @@ bench: install
 	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.bench_e2e
 
 # Peak RSS of an 8K-token SmolLM2 prefill, Quest model against optimum's graph (needs ~14 GB RAM).
+# Decode on the paths apps take (token API, text API, the OpenAI server through the openai client,
+# onnxruntime-genai's og.Generator from the genai venv) on SmolLM2's default export: results/text.json.
+bench-text: install $(GENAI_VENV)/.deps-installed
+	$(call install-weights,smollm2)
+	$(PY) -m benchmarks.bench_text --genai-python $(abspath $(GENAI_VENV))/bin/python
+
 bench-prefill: install
 	$(call install-weights,smollm2)
 	$(PY) -m benchmarks.bench_prefill_rss
