@@ -168,7 +168,9 @@ class TextDeltas:
         given = self._decode(self.ids[self._start:self._done])
         text = self._decode(self.ids[self._start:])
         self._start = self._done = len(self.ids)
-        return text[len(given):] if text.startswith(given) else text
+        # What was given out stays given: the rest is what follows its length (a decoder that reworked
+        # the window's start cannot take back what a reader already has).
+        return text[len(given):]
 
 
 class StopText:
