@@ -10,8 +10,8 @@ served, over one TextGenerator (one cache of the folder's capacity). It keeps th
 last request, so a client that sends its conversation again with one more turn prefills only the
 new turn. Each request is checked before it queues: a prompt plus max_tokens past the capacity,
 or a field this server does not implement (n > 1, logprobs, echo, tools...), is a 400 in OpenAI's
-error format naming it. A streaming client that disconnects stops its generation before the next
-token, and the queue moves on.
+error format naming it. A client that disconnects (streaming or not) stops its generation before the
+next token, and the queue moves on.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ log = logging.getLogger("quest_ort.serve")
 _UNSUPPORTED_UNLESS = {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "top_logprobs": None, "tools": None,
                        "tool_choice": None, "functions": None, "function_call": None, "suffix": None,
                        "logit_bias": None, "response_format": None}
+
+
+# How often a non-streaming request checks that its client is still there.
+DISCONNECT_POLL_S = 0.25
 
 
 class RequestError(ValueError):
@@ -253,7 +257,9 @@ def create_app(generator: TextGenerator, name: str):
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
         if not stream:
-            result = await server.submit(job, lambda delta: None)
+            result = await until_disconnected(request, job, server.submit(job, lambda delta: None))
+            if result is None or result.finish_reason == "cancelled":  # nobody is left to answer
+                return JSONResponse(_error_body("the client disconnected", kind="cancelled"), status_code=499)
             choice = {"index": 0, "finish_reason": result.finish_reason}
             if chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
@@ -264,6 +270,17 @@ def create_app(generator: TextGenerator, name: str):
         options = body.get("stream_options") or {}
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         return StreamingResponse(events(job, ident, created, chat, include_usage), media_type="text/event-stream")
+
+    async def until_disconnected(request: Request, job: Job, work):
+        """`work`'s result, cancelling the job should the client go away first (a non-streaming
+        client that gave up must not keep the worker generating for nobody)."""
+        task = asyncio.ensure_future(work)
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                job.cancel()
+                log.info("client disconnected, generation cancelled")
+        return task.result()
 
     async def events(job: Job, ident: str, created: int, chat: bool, include_usage: bool) -> AsyncIterator[str]:
         kind = "chat.completion.chunk" if chat else "text_completion"

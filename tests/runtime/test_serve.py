@@ -121,6 +121,20 @@ def test_a_request_the_server_cannot_honour_is_a_400_naming_why(served, request_
     assert ask(url, "Hi", 4).choices[0].message.content == expected_reply("Hi", 4)  # still serving
 
 
+def test_a_client_that_gives_up_on_a_plain_request_stops_its_generation_too():
+    generator = TextGenerator(SlowModel(text_model(), pause=0.05))
+    with running(generator) as (url, app):
+        impatient = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=0.5)
+        with pytest.raises(openai.APITimeoutError):  # 200 tokens would take 10 s
+            impatient.chat.completions.create(model=NAME, messages=[{"role": "user", "content": QUESTIONS[1]}],
+                                              max_tokens=200, temperature=0)
+        deadline = time.monotonic() + 5
+        while get(f"{url}/health")["busy"]:
+            assert time.monotonic() < deadline, "the generation went on after the client left"
+            time.sleep(0.05)
+        assert ask(url, "Hi", 4).choices[0].message.content == expected_reply("Hi", 4)
+
+
 def test_a_client_that_leaves_mid_stream_stops_its_generation_and_frees_the_server():
     generator = TextGenerator(SlowModel(text_model(), pause=0.05))
     with running(generator) as (url, app):
