@@ -28,6 +28,7 @@ import shutil
 
 GENAI_MODEL_FILE = "model.genai.onnx"
 GENAI_CONFIG_FILE = "genai_config.json"
+LIBRARY_FILE = "libquest_ort_ops.so"  # the op library's copy beside them
 LENGTH_INPUTS = ("past_lens", "total_lens", "exact_lens")
 
 
@@ -151,8 +152,6 @@ def genai_config(sidecar) -> dict:
                    "num_beams": 1, "temperature": 1.0, "top_k": 1, "top_p": 1.0},
     }
 
-
-LIBRARY_FILE = "libquest_ort_ops.so"
 
 
 def write_genai_files(folder: pathlib.Path, sidecar, library: str) -> list[str]:

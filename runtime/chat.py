@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from . import inputs
-from .generate import PREFILL_CHUNK, GeneratorBusyError, Sampling, choose
+from .generate import PREFILL_CHUNK, GeneratorBusyError, Sampling, Stream, choose
 from .model import CapacityError, QuestModel
 from .text import FolderTokenizer, StopText, TextDeltas
 
@@ -48,35 +48,30 @@ class Usage:
     reused_tokens: int = 0  # prompt tokens the cache already held (not prefilled again)
 
 
-class TextStream:
+class TextStream(Stream):
     """The text of one request, delta by delta. Once it ends: `text` (the whole reply), `finish_reason`
     ('stop': an end-of-turn id or a stop string, 'length': max_new_tokens or the capacity,
     'cancelled': closed or cancelled first), `usage` and the generated `tokens`.
 
     `cancel()` may be called from any thread (a server whose client went away): the generation
-    stops before its next step. Closing the stream (or a `with` block, or dropping it) releases
-    its TextGenerator for the next request."""
+    stops before its next step. As Generator's Stream, closing it (or a `with` block, or dropping
+    it) releases its TextGenerator for the next request."""
 
-    def __init__(self, steps: Iterator[str], usage: Usage, release: Callable[[], None],
-                 on_finish: Callable[[TextStream], None] | None = None):
-        self._steps, self._release, self._on_finish = steps, release, on_finish
+    def __init__(self, usage: Usage, release: Callable[[], None], on_finish: Callable[[TextStream], None] | None):
+        super().__init__(None, release)  # the steps come with start(): they need the stream itself
+        self._on_finish = on_finish
         self.usage = usage
         self.text = ""
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
         self._cancel = threading.Event()
 
-    def __iter__(self) -> TextStream:
+    def start(self, steps: Iterator[str]) -> TextStream:
+        self._steps = steps
         return self
 
     def __next__(self) -> str:
-        if self._steps is None:
-            raise StopIteration
-        try:
-            delta = next(self._steps)
-        except BaseException:
-            self.close()
-            raise
+        delta = super().__next__()
         self.text += delta
         return delta
 
@@ -94,24 +89,13 @@ class TextStream:
         return self.text
 
     def close(self) -> None:
-        steps, self._steps = self._steps, None
-        if steps is None:
+        if self._steps is None:
             return
-        steps.close()
+        super().close()
         if self.finish_reason is None:
             self.finish_reason = "cancelled"
-        self._release()
         if self._on_finish is not None:
             self._on_finish(self)
-
-    def __enter__(self) -> TextStream:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
 
 
 class TextGenerator:
@@ -173,10 +157,8 @@ class TextGenerator:
         if not self._busy.acquire(blocking=False):
             raise GeneratorBusyError("a stream of this TextGenerator is open: read or close it first, or use "
                                      "another TextGenerator (they may share one QuestModel)")
-        usage = Usage(prompt_tokens=len(prompt))
-        stream = TextStream(iter(()), usage, self._busy.release, on_finish)
-        stream._steps = self._steps(stream, prompt, sampling, tuple(stop), on_prefill)
-        return stream
+        stream = TextStream(Usage(prompt_tokens=len(prompt)), self._busy.release, on_finish)
+        return stream.start(self._steps(stream, prompt, sampling, tuple(stop), on_prefill))
 
     def _reuse(self, prompt: list[int]) -> list[int]:
         """Keep the cached tokens the prompt begins with (always leaving its last token to run, for
