@@ -22,7 +22,8 @@ def _load_schemas():
     return module
 
 
-_ELEM = {"T": "Elem::T", "TC": "Elem::TC", "int32": "Elem::Int32", "float32": "Elem::Float32", "float16": "Elem::Float16"}
+_ELEM = {"T": "Elem::T", "TC": "Elem::TC", "int32": "Elem::Int32", "int8": "Elem::Int8", "float32": "Elem::Float32",
+         "float16": "Elem::Float16"}
 _KIND = {"int": "AttrKind::Int", "float": "AttrKind::Float", "string": "AttrKind::String"}
 
 

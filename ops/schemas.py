@@ -23,12 +23,13 @@ VERSION = 1
 
 # Element types. "T" is the activation type (query, key, value, output), "TC" the storage type of
 # an op's caches or block bounds; they need not be equal. T ranges over FLOAT_TYPES; TC over the
-# op's `cache_types` (FLOAT_TYPES, and int8 for SparseBlockAttention's quantized caches).
+# op's `cache_types` (FLOAT_TYPES, and int8: SparseBlockAttention's quantized caches, the other ops'
+# int8 block bounds, which come with a per-block exponent).
 FLOAT_TYPES = ("float32", "float16")
 CACHE_TYPES = (*FLOAT_TYPES, "int8")
 TYPE_VARS = {"T": FLOAT_TYPES, "TC": CACHE_TYPES}  # the widest ranges; OpSpec.type_vars() per op
 
-ElemType = Literal["T", "TC", "int32", "float32", "float16"]
+ElemType = Literal["T", "TC", "int32", "int8", "float32", "float16"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +147,8 @@ _HEADS = (
     Attribute("kv_num_heads", "int", "KV heads N; num_heads must be a multiple", minimum=1),
 )
 _BLOCK_SIZE = Attribute("block_size", "int", "tokens per metadata block P", minimum=1)
+_BLOCK_EXPONENT = Tensor("block_exponent", "int8", ("B", "N", "M"),
+                         "per-block power of two of int8 bounds: a bound is code * 2^e (int8 bounds only)", optional=True)
 
 QUEST_METADATA = OpSpec(
     name="QuestMetadata",
@@ -159,10 +162,13 @@ QUEST_METADATA = OpSpec(
         Tensor("block_min", "TC", ("B", "N", "M", "D"), "per-block channel min so far"),
         _PAST_LENS,
         _TOTAL_LENS,
+        _BLOCK_EXPONENT,
     ),
     outputs=(
         Tensor("block_max_out", "TC", ("B", "N", "M", "D"), "updated block max (may alias block_max)"),
         Tensor("block_min_out", "TC", ("B", "N", "M", "D"), "updated block min (may alias block_min)"),
+        Tensor("block_exponent_out", "int8", ("B", "N", "M"),
+               "updated block exponents (int8 bounds only; may alias block_exponent)", optional=True),
     ),
     attributes=(
         _BLOCK_SIZE,
@@ -176,6 +182,7 @@ QUEST_METADATA = OpSpec(
         ),
     ),
     symbol_attrs={"P": "block_size"},
+    cache_types=CACHE_TYPES,
 )
 
 SPARSE_BLOCK_SELECT = OpSpec(
@@ -202,6 +209,7 @@ SPARSE_BLOCK_SELECT = OpSpec(
         Tensor("key_cache", "TC", ("B", "N", "C", "D"), "the key cache before this call (score='probe')", optional=True),
         Tensor("key", "T", ("B", "N", "S", "D"), "this call's new keys (score='probe')", optional=True),
         _EXACT_LENS,
+        _BLOCK_EXPONENT,
     ),
     outputs=(
         Tensor("block_indices", "int32", ("B", "R", "S", "K"),
@@ -247,6 +255,7 @@ SPARSE_BLOCK_SELECT = OpSpec(
     ),
     symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size", "K": "top_k"},
     derived=(Derived("R", "pick", "N", "H", when=("group_reduce", "none")),),
+    cache_types=CACHE_TYPES,
 )
 
 SPARSE_BLOCK_ATTENTION = OpSpec(

@@ -6,14 +6,16 @@ import math
 
 import numpy as np
 
+from . import int8_bounds
 from ._common import fmax, lane_sum, resolve_exact_lens, resolve_total_lens
 
 
-def bound_scores(query, block_max, block_min, kv_num_heads, group_reduce):
+def bound_scores(query, block_max, block_min, kv_num_heads, group_reduce, block_exponent=None):
     """Quest upper bounds [B, N, S, M] in the canonical fp32 order.
 
     "mean": one bound with the group's mean query (summed over g in order, divided by G);
-    "max": each head's own bound, reduced with `s_g > s ? s_g : s` over g in order.
+    "max": each head's own bound, reduced with `s_g > s ? s_g : s` over g in order. int8 bounds
+    (codes as float32) multiply the reduced bound by their block's 2^e, NaN for a non-finite block.
     """
     B, H, S, D = query.shape
     N, G = kv_num_heads, H // kv_num_heads
@@ -30,6 +32,9 @@ def bound_scores(query, block_max, block_min, kv_num_heads, group_reduce):
     scores = per_head[:, :, 0]
     for g in range(1, per_head.shape[2]):
         scores = fmax(per_head[:, :, g], scores)
+    if block_exponent is not None:
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            scores = scores * int8_bounds.scale_of(block_exponent)[:, :, None, :]
     return scores
 
 
@@ -127,14 +132,20 @@ def sparse_block_select(
     key_cache=None,
     key=None,
     exact_lens=None,
+    block_exponent=None,
     score="bound",
     num_probes=8,
 ):
     """Return block_indices [B, R, S, top_k] int32: chosen blocks ascending, -1 padded; R = N, or H
-    with group_reduce="none". Queries at positions below exact_lens[b] attend exactly: all -1."""
+    with group_reduce="none". Queries at positions below exact_lens[b] attend exactly: all -1.
+    int8 bounds come with block_exponent (docs/ops.md, int8 block bounds)."""
     B, H, S, _ = query.shape
     N, M = kv_num_heads, block_max.shape[2]
     assert H == num_heads and H % N == 0
+    if (block_max.dtype == np.int8) != (block_exponent is not None):
+        raise ValueError("block_exponent is required with int8 bounds and refused with float ones")
+    if block_exponent is not None and score == "probe":
+        raise ValueError("score='probe' needs float bounds (its key_cache shares their type); got int8 bounds")
     if group_reduce == "none":
         # Each query head alone is the shared policy over its KV head's inputs, one KV head per query head.
         def per_head(x):
@@ -144,8 +155,8 @@ def sparse_block_select(
             query, per_head(block_max), per_head(block_min), past_lens, total_lens, per_head(block_importance),
             num_heads=H, kv_num_heads=H, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
             recent_blocks=recent_blocks, group_reduce="mean", importance_fraction=importance_fraction,
-            key_cache=per_head(key_cache), key=per_head(key), exact_lens=exact_lens, score=score,
-            num_probes=num_probes)
+            key_cache=per_head(key_cache), key=per_head(key), exact_lens=exact_lens,
+            block_exponent=per_head(block_exponent), score=score, num_probes=num_probes)
     total = resolve_total_lens(past_lens, total_lens, S, M * block_size, "M * block_size")
     if score == "probe":
         if key_cache is None or key is None:
@@ -154,7 +165,7 @@ def sparse_block_select(
         stored = key.astype(key_cache.dtype).astype(np.float32)  # new keys as the cache will hold them
         cached = key_cache.astype(np.float32)
     else:
-        scores = bound_scores(query, block_max, block_min, N, group_reduce)
+        scores = bound_scores(query, block_max, block_min, N, group_reduce, block_exponent)
     exact = resolve_exact_lens(exact_lens, total)
     out = np.full((B, N, S, top_k), -1, dtype=np.int32)
     for b in range(B):
