@@ -14,6 +14,9 @@
 
 namespace quest::QUEST_ISA {
 
+// Query rows (queries x G heads) up to which an item's float16 or int8 rows are read where they lie.
+inline constexpr int64_t kDirectNarrowRows = 8;
+
 struct ExactScratch {
   std::vector<float> queries, accumulators, max_logit, denominator, logits;  // per row
   std::vector<float> new_max, rescale;  // per row
@@ -47,8 +50,10 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
   const int64_t tile_queries = exact_tile_queries(G), most_rows = tile_queries * G;
   constexpr int64_t Pp = kExactTile;
   // float rows are read where they lie; float16 and int8 rows are widened once per position tile
-  // (every row of a query tile reads each of them; int8 rows without their scales, applied per row).
-  constexpr bool widen = !std::is_same_v<TC, float>;
+  // when many rows read each of them (int8 rows without their scales, applied per row). A few rows
+  // (a decode step's G heads) read them where they lie too: widening, a store and a reload of every
+  // row, then cost more than the rows' own arithmetic.
+  constexpr bool narrow = !std::is_same_v<TC, float>;
   s.queries.resize(most_rows * Dp);
   s.accumulators.resize(most_rows * Dp);
   s.max_logit.resize(most_rows);
@@ -58,6 +63,7 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
   s.new_max.resize(most_rows);
   s.rescale.resize(most_rows);
   if (static_cast<int64_t>(s.masses.size()) < most_rows) s.masses.resize(most_rows);  // lists keep their storage
+  const bool widen = narrow && (i_end - i_begin) * G > kDirectNarrowRows;
   if (widen) {
     s.keys.resize(kExactTile * Dp);
     s.values.resize(kExactTile * Dp);
@@ -104,7 +110,7 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
         if (stream.value_scales != nullptr) times_row_scales(logits, rows - r0, span, Pp, stream.value_scales);
         step_values(stream, Dp, rows - r0, s.counts.data() + r0, logits, Pp, s.accumulators.data() + r0 * Dp);
       };
-      if constexpr (widen) {
+      if (widen) {
         widen_rows(cache.keys + t0 * D, span, D, Dp, s.keys.data());
         widen_rows(cache.values + t0 * D, span, D, Dp, s.values.data());
         step(s.keys.data(), s.values.data(), Dp);
