@@ -104,9 +104,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-key-smoothing", action="store_true",
                    help="with --kv-dtype int8: cache the keys as they are, not rescaled per channel by the powers "
                    "of two measured on the source graph (docs/ops.md, int8 caches; for comparisons)")
-    p.add_argument("--bounds-dtype", choices=("float16", "float32"), default=None,
+    p.add_argument("--bounds-dtype", choices=("float16", "float32", "int8"), default=None,
                    help="storage type of the block bounds (default float16, rounded outward so they still bound "
-                   "every key: half the bytes a decode step's selection reads; with --score probe, the KV dtype)")
+                   "every key: half the bytes a decode step's selection reads; int8 with --kv-dtype int8: codes on a "
+                   "power-of-two grid per block, half again (docs/ops.md, int8 block bounds); with --score probe, "
+                   "the KV dtype)")
     p.add_argument("--weights", choices=WEIGHT_TYPES, default=_DEFAULT.weights,
                    help=f"MatMul weights (q/k/v/o and MLP projections, LM head): '{_DEFAULT.weights}' (default) keeps the "
                    "source's; 'int8' or 'int4' quantizes them with ONNX Runtime's MatMulNBitsQuantizer (com.microsoft."

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from . import ROOT
-from .quality_runtime import block_bounds, sharing_cache
+from .quality_runtime import block_bounds, bound_arrays, sharing_cache
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODELS = ROOT / "build" / "models"
@@ -54,6 +54,7 @@ def ensure_models() -> dict[str, pathlib.Path]:
     from quest_ort.export.families import FAMILIES, build_default_model
     from quest_ort.apps.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
+    from quest_ort.model_folder.settings import default_bounds_dtype
 
     checkpoint = MODELS / "qwen3-0.6b-geometry" / "checkpoint"
     if not (checkpoint / "config.json").is_file():
@@ -66,7 +67,9 @@ def ensure_models() -> dict[str, pathlib.Path]:
             continue
         settings = SparseSettings(top_k=32, kv_dtype=kv_dtype, attention=attention, weights=WEIGHTS)
         # (named by what it exports, so an export of other defaults is not reused)
-        name = "gqa" if attention == "gqa" else f"quest-k{settings.top_k}-p{settings.block_size}-{settings.group_reduce}"
+        bounds = default_bounds_dtype(kv_dtype, settings.score)
+        name = "gqa" if attention == "gqa" else (f"quest-k{settings.top_k}-p{settings.block_size}-{settings.group_reduce}"
+                                                 + ("" if bounds == "float16" else f"-b{bounds}"))
         folder = MODELS / f"qwen3-0.6b-geometry-{name}-{kv_dtype}-{WEIGHTS}"
         if not (folder / "quest_model.json").is_file():
             print(f"exporting {kind} ...", flush=True)
@@ -113,7 +116,8 @@ def fill(cache, context: int, block_size: int | None, rng) -> None:
             keys = keys[..., :context, :].astype(np.float32) * layer.key_scale[..., :context, None].astype(np.float32)
         bounds = block_bounds(keys, context, block_size, layer.block_max.dtype)
         blocks = bounds[0].shape[-2]
-        layer.block_max[:, :, :blocks], layer.block_min[:, :, :blocks] = bounds
+        for array, values in zip(bound_arrays(layer), bounds, strict=True):
+            array[:, :, :blocks] = values
     cache.lengths[:] = context
 
 

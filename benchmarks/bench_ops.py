@@ -32,6 +32,8 @@ import onnxruntime as ort
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.graphs import op_model
 from quest_ort.graphs.layer import LAYER_ALIASES, attention_layer_model
+from quest_ort.model_folder.settings import default_bounds_dtype
+from quest_ort.ops.reference import int8_bounds
 from quest_ort.ops import native_kernel_isa
 from quest_ort.runtime import make_session
 from quest_ort.runtime.binding import InPlaceStep
@@ -49,22 +51,32 @@ DTYPES = ("float32", "float16", "int8")  # the caches' (int8: float32 activation
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """A sparse decode setting: blocks of P tokens, K per selection, a selection per KV head
-    ("mean") or per query head ("none"), and the block bounds' dtype (None: the cache's)."""
+    ("mean") or per query head ("none"), and the block bounds' dtype next to float caches (None:
+    the cache's) and next to int8 caches."""
 
     name: str
     block_size: int
     top_k: int
     group_reduce: str
     bounds_dtype: str | None
+    int8_cache_bounds_dtype: str = "float16"
 
     @classmethod
     def export_default(cls) -> "Setting":
+        """What `export-sparse --k 32` writes, with float caches and with `--kv-dtype int8`."""
         default = SparseSettings(top_k=32)
-        bounds = default.bounds_dtype or ("float16" if default.score == "bound" else None)
-        return cls("default", default.block_size, default.top_k, default.group_reduce, bounds)
+        return cls("default", default.block_size, default.top_k, default.group_reduce,
+                   default_bounds_dtype("float32", default.score), default_bounds_dtype("int8", default.score))
+
+    def bounds_for(self, cache_dtype) -> np.dtype:
+        if np.dtype(cache_dtype) == np.int8:
+            return np.dtype(self.int8_cache_bounds_dtype)
+        return np.dtype(self.bounds_dtype or cache_dtype)
 
 
 SETTINGS = (Setting.export_default(), Setting("shared-p32", 32, 32, "mean", None))
+# QuestMetadata's in-place outputs and the inputs they update.
+METADATA_ALIASES = {name: source for name, source in LAYER_ALIASES.items() if name.startswith("block_")}
 # The per-head row's query heads: this much of each is its own, the rest shared by its group, so the
 # G heads' selections overlap about as a real model's do (SmolLM2 reads 1.45x the budget at 8K,
 # docs/quality.md; this reads about 1.5x at 32K). Unrelated random heads would barely overlap.
@@ -91,7 +103,7 @@ class Config:
         # Cache copies rotate, and so do the selections (from per-copy metadata), so that every call
         # reads blocks no recent call read; metadata copies are sized by their own bytes.
         self.cache_copies = copies_for(cache_bytes, most=4)
-        self.copies = copies_for(2 * N * (C // 16) * D * self.bounds_dtype().itemsize)
+        self.copies = copies_for(2 * N * (C // 16) * D * SETTINGS[0].bounds_for(dtype).itemsize)
         make = lambda shape: rng.standard_normal(shape).astype(np.float32).astype(self.activation)  # noqa: E731
 
         def cache():
@@ -109,12 +121,6 @@ class Config:
         self.key = make((1, N, 1, D))
         self.value = make((1, N, 1, D))
         self.past_lens = np.array([self.past], np.int32)
-
-    def bounds_dtype(self, setting_dtype=None) -> np.dtype:
-        """The block bounds' dtype: the setting's, else the cache's (float16 next to int8 caches)."""
-        if setting_dtype is not None:
-            return np.dtype(setting_dtype)
-        return np.dtype(np.float16) if self.int8 else self.dtype
 
     def cache_feeds(self, c) -> dict:
         """Copy c's caches (and int8 row scales) by input name."""
@@ -137,15 +143,19 @@ class Config:
         mine = rng.standard_normal((1, self.H, 1, self.D))
         return (shared * np.sqrt(1.0 - own**2) + mine * own).astype(np.float32).astype(self.activation)
 
-    def metadata(self, P, rng, dtype=None):
-        """Per-copy metadata [1, N, ceil(C/P), D] of random content (cold, like the caches), of
-        `dtype` (default: bounds_dtype())."""
+    def metadata(self, P, rng, dtype):
+        """Per-copy metadata feeds (block_max, block_min [1, N, ceil(C/P), D] of random content,
+        cold like the caches, of `dtype`; int8 bounds with their block_exponent [1, N, ceil(C/P)])."""
         M = -(-self.C // P)
-        dtype = self.bounds_dtype(dtype)
         out = []
         for _ in range(self.copies):
             hi = rng.standard_normal((1, self.N, M, self.D)).astype(np.float32)
-            out.append((_value(hi.astype(dtype)), _value((hi - 1.0).astype(dtype))))
+            if np.dtype(dtype) == np.int8:
+                codes_max, codes_min, exponent = int8_bounds.quantize(hi, hi - 1.0, np.zeros(hi.shape[:3], bool))
+                out.append(dict(block_max=_value(codes_max), block_min=_value(codes_min),
+                                block_exponent=_value(exponent)))
+            else:
+                out.append(dict(block_max=_value(hi.astype(dtype)), block_min=_value((hi - 1.0).astype(dtype))))
         return out
 
     def cache_bytes(self, tokens):
@@ -168,16 +178,19 @@ class Feeds:
 
 
 def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
-    P, K, group_reduce, bounds_dtype = setting.block_size, setting.top_k, setting.group_reduce, setting.bounds_dtype
+    P, K, group_reduce = setting.block_size, setting.top_k, setting.group_reduce
     if group_reduce == "none":  # query heads that overlap in their selections as a real model's do
         cfg = copy.copy(cfg)
         cfg.query = cfg.grouped_query(PER_HEAD_OWN, rng)
     H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
+    bounds_dtype = setting.bounds_for(cfg.dtype)
     meta = cfg.metadata(P, rng, bounds_dtype)
-    bounds_bytes = meta[0][0].numpy().dtype.itemsize
+    arrays = {name: value.numpy() for name, value in meta[0].items()}  # what the sessions are built from
+    # Bytes per block and KV head the selection reads: both bounds (and an int8 block's exponent).
+    bounds_bytes = 2 * D * bounds_dtype.itemsize + ("block_exponent" in arrays)
     M_eligible = cfg.past // P + 1
     base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, setting=setting.name, block_size=P, top_k=K,
-                threads=threads, group_reduce=group_reduce, bounds=cfg.bounds_dtype(bounds_dtype).name)
+                threads=threads, group_reduce=group_reduce, bounds=bounds_dtype.name)
 
     def record(kind, ms, bytes_read=None, **extra):
         row = dict(base, kind=kind, ms=round(ms, 4), **extra)
@@ -189,23 +202,20 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
         print(f"  {kind:<18} {ms:9.3f} ms {gbs}", flush=True)
 
     # Per-step metadata update (decode, in place).
-    update = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=cfg.key, block_max=meta[0][0].numpy(),
-                                                                      block_min=meta[0][1].numpy(), past_lens=cfg.past_lens),
-                                               cfg.metadata_attributes(P)), threads=threads),
-                         {"block_max_out": "block_max", "block_min_out": "block_min"})
-    run = _steps(update, Feeds(cfg.copies, lambda c: dict(key=cfg.key, block_max=meta[c][0], block_min=meta[c][1],
-                                                          past_lens=cfg.past_lens)))
+    update = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=cfg.key, past_lens=cfg.past_lens, **arrays),
+                                               cfg.metadata_attributes(P)), threads=threads), METADATA_ALIASES)
+    run = _steps(update, Feeds(cfg.copies, lambda c: dict(key=cfg.key, past_lens=cfg.past_lens, **meta[c])))
     record("metadata_update", time_rotating(run, cfg.copies))
 
     # Selection over the cached context.
     select_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P, top_k=K, group_reduce=group_reduce)
-    select = InPlaceStep(make_session(op_model("SparseBlockSelect", dict(query=cfg.query, block_max=meta[0][0].numpy(),
-                                                                         block_min=meta[0][1].numpy(), past_lens=cfg.past_lens),
+    select = InPlaceStep(make_session(op_model("SparseBlockSelect", dict(query=cfg.query, past_lens=cfg.past_lens,
+                                                                         **arrays),
                                                select_attributes), threads=threads), {})
-    feeds = Feeds(cfg.copies, lambda c: dict(query=cfg.query, block_max=meta[c][0], block_min=meta[c][1], past_lens=cfg.past_lens))
+    feeds = Feeds(cfg.copies, lambda c: dict(query=cfg.query, past_lens=cfg.past_lens, **meta[c]))
     run = _steps(select, feeds)
     indices = [select.run(feeds(c))["block_indices"] for c in range(cfg.copies)]
-    record("select", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * bounds_bytes)
+    record("select", time_rotating(run, cfg.copies), N * M_eligible * bounds_bytes)
 
     # Sparse attention over the selected blocks.
     attention_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P)
@@ -229,9 +239,8 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
                                                            group_reduce=group_reduce),
                                       threads=threads), LAYER_ALIASES)
     run = _steps(layer, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
-                                                        **cfg.cache_feeds(c), past_lens=cfg.past_lens,
-                                                        block_max=meta[c][0], block_min=meta[c][1])))
-    record("sparse_step", time_rotating(run, cfg.copies), 2 * N * M_eligible * D * bounds_bytes + attended)
+                                                        **cfg.cache_feeds(c), past_lens=cfg.past_lens, **meta[c])))
+    record("sparse_step", time_rotating(run, cfg.copies), N * M_eligible * bounds_bytes + attended)
     return run
 
 
@@ -337,15 +346,19 @@ def bench_metadata_build(dtype, C, P, N, D, threads, rng, rows, bounds_dtype="fl
     copies = copies_for(key.nbytes)
     keys = [key] + [np.roll(key, c, axis=2) for c in range(1, copies)]
     M = -(-C // P)
-    meta = [(_value(np.zeros((1, N, M, D), bounds_dtype)), _value(np.zeros((1, N, M, D), bounds_dtype)))
-            for _ in range(copies)]
+
+    def empty():
+        bounds = dict(block_max=np.zeros((1, N, M, D), bounds_dtype), block_min=np.zeros((1, N, M, D), bounds_dtype))
+        if np.dtype(bounds_dtype) == np.int8:
+            bounds["block_exponent"] = np.zeros((1, N, M), np.int8)
+        return bounds
+
+    meta = [{name: _value(array) for name, array in empty().items()} for _ in range(copies)]
     zero = np.zeros(1, np.int32)
-    build = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=key, block_max=meta[0][0].numpy(),
-                                                                     block_min=meta[0][1].numpy(), past_lens=zero),
+    build = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=key, past_lens=zero, **empty()),
                                               dict(block_size=P, **({"key_cache_type": "int8"} if int8 else {}))),
-                                 threads=threads),
-                        {"block_max_out": "block_max", "block_min_out": "block_min"})
-    run = _steps(build, Feeds(copies, lambda c: dict(key=keys[c], block_max=meta[c][0], block_min=meta[c][1], past_lens=zero)))
+                                 threads=threads), METADATA_ALIASES)
+    run = _steps(build, Feeds(copies, lambda c: dict(key=keys[c], past_lens=zero, **meta[c])))
     ms = time_rotating(run, copies)
     rows.append(dict(kind="metadata_build", context=C, dtype=np.dtype(dtype).name, block_size=P, heads=f"-/{N}/{D}",
                      bounds=np.dtype(bounds_dtype).name, threads=threads, ms=round(ms, 4), bytes=key.nbytes,
@@ -463,7 +476,8 @@ def main(argv=None):
     rows: list[dict] = []
     print(f"quest_ort kernels: {native_kernel_isa()}; onnxruntime {ort.__version__}; {platform.processor() or platform.machine()}")
     print("settings: " + "; ".join(f"{s.name}: P={s.block_size} K={s.top_k} {s.group_reduce}, bounds "
-                                   f"{s.bounds_dtype or 'as the cache'}" for s in SETTINGS))
+                                   f"{s.bounds_dtype or 'as the cache'} ({s.int8_cache_bounds_dtype} with int8 caches)"
+                                   for s in SETTINGS))
     bandwidth = {threads: read_bandwidth(threads, repeats=12) for threads in (1, 2)}
     print(f"read bandwidth: {bandwidth[1]:.1f} GB/s (1 thread), {bandwidth[2]:.1f} GB/s (2 threads)")
     heads = HEADS[:1] if args.quick else HEADS
@@ -471,8 +485,7 @@ def main(argv=None):
     default, reference = SETTINGS
     for dtype in DTYPES:
         for C in contexts:
-            bench_metadata_build(dtype, C, default.block_size, *HEADS[0][1:], 1, rng, rows,
-                                 default.bounds_dtype or ("float16" if dtype == "int8" else dtype))
+            bench_metadata_build(dtype, C, default.block_size, *HEADS[0][1:], 1, rng, rows, default.bounds_for(dtype))
     for H, N, D in heads:
         for C in (sorted(set(contexts) | {4096, 65536}) if not args.quick else (4096, 32768, 65536)):
             for dtype in DTYPES:

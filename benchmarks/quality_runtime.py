@@ -116,30 +116,44 @@ def shared_weights(folder: pathlib.Path, pool: dict | None = None) -> dict:
     return values
 
 
-def block_bounds(keys: np.ndarray, length: int, block_size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+def block_bounds(keys: np.ndarray, length: int, block_size: int, dtype) -> tuple[np.ndarray, ...]:
     """Per-block channel max and min [..., ceil(length / P), D] of keys [..., C, D] over the first
-    `length` positions, as QuestMetadata builds them into an empty cache: computed by its NumPy
-    reference (ops/reference/quest_metadata.py). Blocks do not interact, so the reference runs with
-    every (leading index, block) as a KV head of a one-block cache (the whole blocks, then the last
+    `length` positions, as QuestMetadata builds them into an empty cache (int8 bounds: and their
+    exponents [..., ceil(length / P)]): computed by its NumPy reference
+    (ops/reference/quest_metadata.py). Blocks do not interact, so the reference runs with every
+    (leading index, block) as a KV head of a one-block cache (the whole blocks, then the last
     partial one): its loop over positions is P long instead of `length`."""
     keys = np.asarray(keys)
     lead, D, P = keys.shape[:-2], keys.shape[-1], block_size
     rows = int(np.prod(lead, dtype=np.int64))
     whole, tail = divmod(length, P)
     flat = keys[..., :length, :].reshape(rows, length, D)
-    highs, lows = [], []
+    int8 = np.dtype(dtype) == np.int8
+    parts = []  # per part, the bounds as [rows, blocks, ...]
     for start, blocks, tokens in ((0, whole, P), (whole * P, int(tail > 0), tail)):
         if blocks == 0:
             continue
         key = flat[:, start : start + blocks * tokens].reshape(1, rows * blocks, tokens, D)
         empty = np.zeros((1, rows * blocks, 1, D), dtype)
-        high, low = quest_metadata(key, empty, empty, np.zeros(1, np.int64), block_size=P)
-        highs.append(high.reshape(rows, blocks, D))
-        lows.append(low.reshape(rows, blocks, D))
-    if not highs:
-        highs = lows = [np.zeros((rows, 0, D), dtype)]
-    return (np.concatenate(highs, axis=1).reshape(*lead, -1, D),
-            np.concatenate(lows, axis=1).reshape(*lead, -1, D))
+        exponent = np.zeros((1, rows * blocks, 1), np.int8) if int8 else None
+        out = quest_metadata(key, empty, empty, np.zeros(1, np.int64), block_exponent=exponent, block_size=P)
+        parts.append([array.reshape(rows, blocks, *array.shape[3:]) for array in out])
+    if not parts:
+        parts = [[np.zeros((rows, 0, D), dtype)] * 2 + ([np.zeros((rows, 0), np.int8)] if int8 else [])]
+    return tuple(np.concatenate(arrays, axis=1).reshape(*lead, -1, *arrays[0].shape[2:]) for arrays in zip(*parts))
+
+
+def bound_arrays(layer) -> tuple[np.ndarray, ...]:
+    """A layer's block bound caches: max, min (and exponent, with int8 bounds)."""
+    return tuple(array for array in (layer.block_max, layer.block_min, layer.block_exponent) if array is not None)
+
+
+def held_keys(layer, row: int, length: int) -> np.ndarray:
+    """Row `row`'s first `length` keys [N, length, D] as the layer's cache holds them: an int8 cache's
+    codes times their row scales (exact in float32), a float cache's as they are."""
+    if layer.key_scale is None:
+        return layer.key[row, :, :length]
+    return layer.key[row, :, :length].astype(np.float32) * layer.key_scale[row, :, :length, None].astype(np.float32)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -156,10 +170,11 @@ def check_block_bounds(model, cache: KVCache) -> None:
         if layer.block_max is None:
             continue
         for row, length in enumerate(cache.lengths.tolist()):
-            stored_max, stored_min = layer.block_max[row], layer.block_min[row]
-            high, low = block_bounds(layer.key[row], length, model.sidecar.settings.block_size, stored_max.dtype)
-            blocks = high.shape[-2]
-            if not (same_bits(high, stored_max[:, :blocks]) and same_bits(low, stored_min[:, :blocks])):
+            stored = [array[row] for array in bound_arrays(layer)]
+            computed = block_bounds(held_keys(layer, row, length), length, model.sidecar.settings.block_size,
+                                    stored[0].dtype)
+            blocks = computed[0].shape[-2]
+            if not all(same_bits(mine, theirs[:, :blocks]) for mine, theirs in zip(computed, stored, strict=True)):
                 raise AssertionError(f"recomputed block bounds differ from layer {index}'s (row {row}, {length} tokens, "
                                      f"P={model.sidecar.settings.block_size}) that QuestMetadata built")
 
@@ -176,10 +191,13 @@ def sharing_cache(model, source: KVCache) -> KVCache:
     def own_bounds(spec):
         return None if spec is None else cache_buffer(spec.shape, spec.dtype)
 
-    layers = [LayerCaches(shared.key, shared.value, own_bounds(specs.block_max), own_bounds(specs.block_min))
+    layers = [LayerCaches(shared.key, shared.value, own_bounds(specs.block_max), own_bounds(specs.block_min),
+                          key_scale=shared.key_scale, value_scale=shared.value_scale,
+                          block_exponent=own_bounds(specs.block_exponent))
               for specs, shared in zip(layout, source.layers, strict=True)]
     names = [specs.map(lambda spec: spec.name) for specs in layout]
-    shared = {name: source.values[name] for named in names for name in (named.key, named.value)}
+    shared = {name: source.values[name] for named in names
+              for name in (named.key, named.value, named.key_scale, named.value_scale) if name is not None}
     return KVCache.of(source.capacity, source.lengths.copy(), layers, names, values=shared)
 
 
@@ -190,9 +208,10 @@ def rebuild_bounds(model, cache: KVCache) -> None:
         if layer.block_max is None:
             continue
         for row, length in enumerate(cache.lengths.tolist()):
-            high, low = block_bounds(layer.key[row], length, model.sidecar.settings.block_size, layer.block_max.dtype)
-            layer.block_max[row, :, : high.shape[-2]] = high
-            layer.block_min[row, :, : low.shape[-2]] = low
+            computed = block_bounds(held_keys(layer, row, length), length, model.sidecar.settings.block_size,
+                                    layer.block_max.dtype)
+            for array, values in zip(bound_arrays(layer), computed, strict=True):
+                array[row, :, : values.shape[1]] = values
 
 
 def copy_prompt_state(source: KVCache, target: KVCache, row: int, length: int) -> None:
@@ -211,7 +230,8 @@ class Snapshot:
     def __init__(self, cache: KVCache):
         self.cache = cache
         self.saved = [(array, array.copy()) for layer in cache.layers
-                      for array in (layer.block_max, layer.block_min, layer.block_importance) if array is not None]
+                      for array in (layer.block_max, layer.block_min, layer.block_importance, layer.block_exponent)
+                      if array is not None]
         self.lengths = cache.lengths.copy()
 
     def restore(self) -> KVCache:

@@ -42,6 +42,8 @@ def genai_refusal(sidecar) -> str | None:
         return "a graph without exact_lens"
     if sidecar.settings.importance:
         return "accumulated block importance (a third state per layer; genai carries two)"
+    if sidecar.bounds_dtype == "int8":
+        return "int8 block bounds (their per-block exponents are a third state per layer; genai carries two)"
     for index, layer in enumerate(sidecar.layers):
         expected = {role: f"{role}.{index}" for role in ("past_key", "past_value", "present_key", "present_value")}
         if layer.sparse:

@@ -92,14 +92,16 @@ def save_folder(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry
         resolve_cast_like(graph_only, value_types(staged / MODEL_FILE))
         onnx.save(graph_only, str(staged / MODEL_FILE))  # the data file stays as written
     check_model_path(staged / MODEL_FILE)
+    bounds_dtype = _bounds_dtype(onnx_model)
     layers = [Sidecar.layer_io(layer, layer in counts["sparse_layers"], settings.importance,
-                               int8=settings.kv_dtype == "int8") for layer in range(geometry.num_layers)]
+                               int8=settings.kv_dtype == "int8", int8_bounds=bounds_dtype == "int8")
+              for layer in range(geometry.num_layers)]
     sidecar = Sidecar(
         model_file=MODEL_FILE, family=family, source=source, geometry=geometry,
         # as exported: the cache and bound dtypes resolved, the dense layers those the model has
         settings=dataclasses.replace(settings, kv_dtype=settings.kv_dtype or geometry.activation_dtype,
                                      key_smoothing=settings.key_smoothing and settings.kv_dtype == "int8",
-                                     bounds_dtype=_bounds_dtype(onnx_model), dense_layers=tuple(counts["dense_layers"]),
+                                     bounds_dtype=bounds_dtype, dense_layers=tuple(counts["dense_layers"]),
                                      track_importance=tracks_importance(layers)),
         vocab_size=vocab, capacity=capacity, sparse_layers=counts["sparse_layers"], layers=layers,
         eos_token_ids=eos,
@@ -123,7 +125,8 @@ def _bounds_dtype(onnx_model) -> str | None:
     import onnx_ir as ir
 
     bounds = next((v for v in onnx_model.graph.inputs if (v.name or "").startswith("past_block_max.")), None)
-    return None if bounds is None else {ir.DataType.FLOAT: "float32", ir.DataType.FLOAT16: "float16"}[bounds.type.dtype]
+    names = {ir.DataType.FLOAT: "float32", ir.DataType.FLOAT16: "float16", ir.DataType.INT8: "int8"}
+    return None if bounds is None else names[bounds.type.dtype]
 
 
 def _load_external_constants(onnx_model) -> None:

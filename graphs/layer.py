@@ -39,7 +39,8 @@ def attention_layer_model(
     group_reduce: str = "mean",
 ) -> onnx.ModelProto:
     """One layer's decode/prefill dataflow; `top_k=None` gives the dense layer. The block bounds are
-    `bounds_dtype` (default: the cache's; float16 with int8 caches)."""
+    `bounds_dtype` (default: the cache's; float16 with int8 caches); int8 bounds come with their
+    per-block exponents (block_exponent in, block_exponent_out out)."""
     H, N, D, C, P = num_heads, kv_num_heads, head_dim, capacity, block_size
     M = -(-C // P)
     int8 = np.dtype(cache_dtype) == np.int8
@@ -66,11 +67,18 @@ def attention_layer_model(
     if top_k is not None:
         inputs += [helper.make_tensor_value_info(name, tm, ["B", N, M, D]) for name in ("block_max", "block_min")]
         outputs += [helper.make_tensor_value_info(name, tm, ["B", N, M, D]) for name in ("block_max_out", "block_min_out")]
-        nodes.append(helper.make_node("QuestMetadata", ["key", "block_max", "block_min", "past_lens"],
-                                      ["block_max_out", "block_min_out"], domain=DOMAIN, block_size=P,
-                                      **({"key_cache_type": "int8"} if int8 else {})))
+        exponent = tm == onnx.TensorProto.INT8
+        if exponent:
+            inputs.append(helper.make_tensor_value_info("block_exponent", onnx.TensorProto.INT8, ["B", N, M]))
+            outputs.append(helper.make_tensor_value_info("block_exponent_out", onnx.TensorProto.INT8, ["B", N, M]))
+        nodes.append(helper.make_node("QuestMetadata", ["key", "block_max", "block_min", "past_lens"]
+                                      + (["", "block_exponent"] if exponent else []),
+                                      ["block_max_out", "block_min_out"] + (["block_exponent_out"] if exponent else []),
+                                      domain=DOMAIN, block_size=P, **({"key_cache_type": "int8"} if int8 else {})))
+        select_inputs = ["query", "block_max_out", "block_min_out", "past_lens"]
+        select_inputs += ["", "", "", "", "", "block_exponent_out"] if exponent else []
         nodes.append(helper.make_node(
-            "SparseBlockSelect", ["query", "block_max_out", "block_min_out", "past_lens"], ["block_indices"],
+            "SparseBlockSelect", select_inputs, ["block_indices"],
             domain=DOMAIN, num_heads=H, kv_num_heads=N, block_size=P, top_k=top_k, sink_blocks=sink_blocks,
             recent_blocks=recent_blocks, group_reduce=group_reduce))
         indices = "block_indices"
@@ -95,4 +103,5 @@ LAYER_ALIASES = {
     "block_min_out": "block_min",
     "key_scale_out": "key_scale",
     "value_scale_out": "value_scale",
+    "block_exponent_out": "block_exponent",
 }

@@ -57,7 +57,7 @@ def op_model(
             node_outputs.append("")
             continue
         node_outputs.append(tensor.name)
-        dtype = type_vars.get(tensor.elem, np.dtype(tensor.elem) if tensor.elem in ("int32", "float32", "float16") else None)
+        dtype = type_vars.get(tensor.elem, np.dtype(tensor.elem) if tensor.elem in ("int32", "int8", "float32", "float16") else None)
         graph_outputs.append(helper.make_tensor_value_info(tensor.name, elem_type(dtype), list(tensor.dims)))
     while node_outputs and node_outputs[-1] == "":
         node_outputs.pop()

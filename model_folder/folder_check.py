@@ -47,7 +47,8 @@ _ATTENTION_SLOTS = {field: (kind, _slot("SparseBlockAttention", kind, name)) for
     ("present_key_scale", "output", "key_scale_out"), ("present_value_scale", "output", "value_scale_out"))}
 _METADATA_SLOTS = {field: (kind, _slot("QuestMetadata", kind, name)) for field, kind, name in (
     ("past_block_max", "input", "block_max"), ("past_block_min", "input", "block_min"),
-    ("present_block_max", "output", "block_max_out"), ("present_block_min", "output", "block_min_out"))}
+    ("present_block_max", "output", "block_max_out"), ("present_block_min", "output", "block_min_out"),
+    ("past_block_exponent", "input", "block_exponent"), ("present_block_exponent", "output", "block_exponent_out"))}
 _IMPORTANCE_INPUT = _slot("SparseBlockSelect", "input", "block_importance")
 # SparseBlockAttention's block_importance output: the present importance is past + this.
 _ATTENTION_MASS_OUTPUT = _slot("SparseBlockAttention", "output", "block_importance")
@@ -277,7 +278,8 @@ class _Checker:
                  "block_min": ("bounds_dtype", s.bounds_dtype, bounds),
                  "block_importance": ("the block importance type", "float32", bounds[:3]),
                  "key_scale": ("the int8 caches' scale type", "float16", cache[:3]),
-                 "value_scale": ("the int8 caches' scale type", "float16", cache[:3])}
+                 "value_scale": ("the int8 caches' scale type", "float16", cache[:3]),
+                 "block_exponent": ("the int8 bounds' exponent type", "int8", bounds[:3])}
         for role, name in s.inputs.items():
             dtype, rank = _ROLES[role]
             yield "input", name, f"inputs.{role}", f"the element type of inputs.{role}", dtype, [None] * rank

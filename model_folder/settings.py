@@ -24,6 +24,13 @@ def attribute_range_problem(name: str, value) -> str | None:
     return SPARSE_BLOCK_SELECT.attribute(name).range_problem(value)
 
 
+def default_bounds_dtype(kv_dtype: str, score: str = "bound") -> str:
+    """The block bounds' dtype of an export that does not choose one (SparseSettings.bounds_dtype)."""
+    if score == "probe":
+        return kv_dtype
+    return "int8" if kv_dtype == "int8" else "float16"
+
+
 @dataclasses.dataclass(frozen=True)
 class SparseSettings:
     top_k: int
@@ -37,8 +44,9 @@ class SparseSettings:
     dense_layers: tuple[int, ...] = (0, 1)
     kv_dtype: str | None = None  # None: the model's activation dtype
     # The block bounds' dtype. None: float16 (half the bytes a decode step's selection reads; keys
-    # round outward into them), except with score="probe", whose select reads the key cache and
-    # the bounds as one type: then the cache's.
+    # round outward into them), int8 with int8 caches (a per-block power of two, docs/ops.md: half
+    # again), except with score="probe", whose select reads the key cache and the bounds as one
+    # type: then the cache's.
     bounds_dtype: str | None = None
     # "quest": the Quest ops; "gqa": the dense baseline, com.microsoft.GroupQueryAttention over the
     # same in-place caches and model I/O (for side-by-side comparisons in one runtime)

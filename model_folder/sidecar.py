@@ -27,10 +27,15 @@ class ModelFolderError(ValueError):
 
 
 # The caches of a layer, by role: LayerIO names each one's past input and present output.
-CACHE_ROLES = ("key", "value", "block_max", "block_min", "block_importance", "key_scale", "value_scale")
+CACHE_ROLES = ("key", "value", "block_max", "block_min", "block_importance", "key_scale", "value_scale",
+               "block_exponent")
 # The row scales of int8 key and value caches: named only in folders whose kv_dtype is int8 (and
 # left out of the JSON elsewhere, so float folders keep format 1's bytes).
 SCALE_FIELDS = ("past_key_scale", "past_value_scale", "present_key_scale", "present_value_scale")
+# The per-block exponents of int8 block bounds: named only by the sparse layers of folders whose
+# bounds_dtype is int8 (and likewise left out of the JSON elsewhere).
+EXPONENT_FIELDS = ("past_block_exponent", "present_block_exponent")
+_OMITTED_WHEN_NONE = SCALE_FIELDS + EXPONENT_FIELDS
 
 
 @dataclasses.dataclass
@@ -49,6 +54,8 @@ class LayerIO:
     past_value_scale: str | None = None
     present_key_scale: str | None = None
     present_value_scale: str | None = None
+    past_block_exponent: str | None = None
+    present_block_exponent: str | None = None
 
     @property
     def sparse(self) -> bool:
@@ -113,7 +120,7 @@ class Sidecar:
         fields.update({name: getattr(self.settings, name) for name in _SETTINGS_FIELDS})
         fields["dense_layers"] = list(self.settings.dense_layers)
         fields["layers"] = [{name: value for name, value in dataclasses.asdict(layer).items()
-                             if value is not None or name not in SCALE_FIELDS} for layer in self.layers]
+                             if value is not None or name not in _OMITTED_WHEN_NONE} for layer in self.layers]
         return {key: fields[key] for key in _JSON_KEYS
                 if key not in _WRITTEN_UNLESS_DEFAULT or fields[key] != _JSON_DEFAULTS[key]()}
 
@@ -163,7 +170,8 @@ class Sidecar:
         return cls(geometry=geometry, settings=settings, **data)
 
     @staticmethod
-    def layer_io(layer: int, sparse: bool, importance: bool = False, int8: bool = False) -> LayerIO:
+    def layer_io(layer: int, sparse: bool, importance: bool = False, int8: bool = False,
+                 int8_bounds: bool = False) -> LayerIO:
         io = LayerIO(f"past_key.{layer}", f"past_value.{layer}", f"present_key.{layer}", f"present_value.{layer}")
         if int8:
             for field in SCALE_FIELDS:
@@ -171,6 +179,9 @@ class Sidecar:
         if sparse:
             io.past_block_max, io.past_block_min = f"past_block_max.{layer}", f"past_block_min.{layer}"
             io.present_block_max, io.present_block_min = f"present_block_max.{layer}", f"present_block_min.{layer}"
+            if int8_bounds:
+                io.past_block_exponent, io.present_block_exponent = (f"past_block_exponent.{layer}",
+                                                                     f"present_block_exponent.{layer}")
             if importance:
                 io.past_block_importance = f"past_block_importance.{layer}"
                 io.present_block_importance = f"present_block_importance.{layer}"
@@ -216,7 +227,7 @@ def _check_fields(data: dict, problem) -> None:
             raise problem(field, why)
     if data["num_heads"] % data["kv_num_heads"]:
         raise problem("num_heads", f"= {data['num_heads']} is not a multiple of kv_num_heads = {data['kv_num_heads']}")
-    for field, choices in {**_CHOICES, "bounds_dtype": (None, *FLOAT_TYPES), "weights": WEIGHT_TYPES}.items():
+    for field, choices in {**_CHOICES, "bounds_dtype": (None, *CACHE_TYPES), "weights": WEIGHT_TYPES}.items():
         if data[field] not in choices:
             raise problem(field, f"must be one of {list(choices)}, got {data[field]!r}")
     for field in _STRING_FIELDS:
@@ -281,6 +292,11 @@ def _check_layers(data: dict, problem) -> None:
         if any(name is None for name in scales) != (data["kv_dtype"] != "int8"):
             raise problem(where, f"must name the four scale caches (past and present key and value) exactly when "
                           f"kv_dtype is int8, got kv_dtype {data['kv_dtype']!r}")
+        exponents = [getattr(io, field) for field in EXPONENT_FIELDS]
+        int8_bounds = io.sparse and (data["bounds_dtype"] or data["kv_dtype"]) == "int8"
+        if any(name is None for name in exponents) == int8_bounds:
+            raise problem(where, "must name both block exponent caches (past and present) exactly when it is sparse "
+                          f"and bounds_dtype is int8, got bounds_dtype {data['bounds_dtype']!r}")
         if importance[0] is not None and not io.sparse:
             raise problem(where, "has block importance caches but no block bounds: only sparse layers select")
         if io.sparse != (index in chosen["sparse_layers"]):

@@ -79,7 +79,7 @@ def _infer(spec: OpSpec, ctx) -> None:
     for symbol, attr_name in spec.symbol_attrs.items():
         dims[symbol] = _attribute_value(ctx, spec.attribute(attr_name))
     elem_types: dict[str, int] = {"int32": onnx.TensorProto.INT32, "float32": onnx.TensorProto.FLOAT,
-                                  "float16": onnx.TensorProto.FLOAT16}
+                                  "float16": onnx.TensorProto.FLOAT16, "int8": onnx.TensorProto.INT8}
     type_vars = spec.type_vars()
     type_origin: dict[str, str] = {}
     for index, tensor in enumerate(spec.inputs):

@@ -209,7 +209,7 @@ class QuestModel:
         block = cache.lengths // self.sidecar.settings.block_size
         saved, index = [], None
         for layer in cache.layers:
-            for bounds in (layer.block_max, layer.block_min):
+            for bounds in (layer.block_max, layer.block_min, layer.block_exponent):
                 if bounds is not None:
                     if index is None:  # every layer's bounds have the same blocks
                         index = (np.arange(cache.batch), slice(None), np.minimum(block, bounds.shape[2] - 1))

@@ -10,7 +10,7 @@ import collections
 
 import onnx_ir as ir
 
-from ...model_folder.settings import Geometry, SparseSettings
+from ...model_folder.settings import Geometry, SparseSettings, default_bounds_dtype
 from ...ops.schemas import DOMAIN, INT32_MAX
 
 # Activation types (a source's caches hold one of them); KV caches may also be int8 (the Quest ops' own format).
@@ -39,13 +39,17 @@ class RewriteContext:
         self.kv_dtype = KV_IR_TYPES[settings.kv_dtype or geometry.activation_dtype]
         self.int8 = self.kv_dtype == ir.DataType.INT8
         probe = settings.score == "probe"
-        if settings.bounds_dtype is None:
-            self.bounds_dtype = self.kv_dtype if probe else ir.DataType.FLOAT16
-        else:
-            self.bounds_dtype = ir.DataType.FLOAT16 if settings.bounds_dtype == "float16" else ir.DataType.FLOAT
+        kv_name = settings.kv_dtype or geometry.activation_dtype
+        self.bounds_dtype = KV_IR_TYPES[settings.bounds_dtype or default_bounds_dtype(kv_name, settings.score)]
+        if settings.bounds_dtype is not None:
             if probe and self.bounds_dtype != self.kv_dtype:
                 raise ValueError(f"score='probe' reads the key cache ({self.kv_dtype.name.lower()}) and the block "
                                  f"bounds as one type; bounds_dtype {settings.bounds_dtype!r} differs")
+        if probe and self.bounds_dtype == ir.DataType.INT8:
+            raise ValueError("score='probe' reads a float key cache and float block bounds; int8 caches select by "
+                             "the bound (--score bound)")
+        # int8 bounds: a per-block exponent [B, N, M] next to them (docs/ops.md, int8 block bounds).
+        self.int8_bounds = self.bounds_dtype == ir.DataType.INT8
         self.past_lens = input_value("past_lens", ir.DataType.INT32, [batch_dim])
         self.total_lens = input_value("total_lens", ir.DataType.INT32, [batch_dim])
         # Queries below exact_lens attend exactly (the runtime's prompt steps), the rest select blocks.
@@ -54,10 +58,13 @@ class RewriteContext:
         self.block_max: dict[int, ir.Value] = {}
         self.block_min: dict[int, ir.Value] = {}
         self.block_importance: dict[int, ir.Value] = {}
+        self.block_exponent: dict[int, ir.Value] = {}
         for layer in self.sparse_layers():
             shape = [batch_dim, N, "num_blocks", D]
             self.block_max[layer] = input_value(f"past_block_max.{layer}", self.bounds_dtype, shape)
             self.block_min[layer] = input_value(f"past_block_min.{layer}", self.bounds_dtype, shape)
+            if self.int8_bounds:
+                self.block_exponent[layer] = input_value(f"past_block_exponent.{layer}", ir.DataType.INT8, shape[:3])
             if settings.importance:
                 self.block_importance[layer] = input_value(
                     f"past_block_importance.{layer}", ir.DataType.FLOAT, [batch_dim, N, "num_blocks"])
@@ -79,7 +86,7 @@ class RewriteContext:
         self.probe = None  # probe.SourceProbe of the graph before the rewrite, set by rewrite_attention
         self._gqa_lengths = None  # (seqlens_k, total_sequence_length), shared by the GQA layers
         self.failures: dict[int, list[str]] = collections.defaultdict(list)
-        self.metadata_outputs: dict[int, tuple[ir.Value, ir.Value]] = {}
+        self.metadata_outputs: dict[int, tuple[ir.Value, ...]] = {}  # max, min (and exponent: int8 bounds)
         self.importance_outputs: dict[int, ir.Value] = {}
         # layer -> ((old present key, new key cache), (old present value, new value cache))
         self.replaced_presents: dict[int, tuple] = {}
@@ -105,8 +112,10 @@ class RewriteContext:
         """The Quest nodes of one layer; returns (output [B,S,H*D], key_cache_out, value_cache_out).
 
         ```
-        key --QuestMetadata(past_block_max.l, past_block_min.l)--> block_max', block_min'  (sparse)
-        query --SparseBlockSelect(block_max', block_min', exact_lens)--> block_indices      (sparse)
+        key --QuestMetadata(past_block_max.l, past_block_min.l, [past_block_exponent.l])   (sparse)
+            --> block_max', block_min', [block_exponent']                                  (int8 bounds)
+        query --SparseBlockSelect(block_max', block_min', exact_lens, [block_exponent'])
+              --> block_indices                                                             (sparse)
         query, key, value --SparseBlockAttention(key_cache, value_cache, [block_indices, exact_lens],
                                                  [key_scale.l, value_scale.l])          (int8 caches)
                           --> output, key_cache_out, value_cache_out, [key_scale', value_scale']
@@ -122,18 +131,21 @@ class RewriteContext:
         importance = self.block_importance.get(layer)
         if self.is_sparse(layer):
             key_cache_type = {"key_cache_type": "int8"} if self.int8 else {}
-            block_max, block_min = op.QuestMetadata(
-                key, self.block_max[layer], self.block_min[layer], self.past_lens, self.total_lens,
-                block_size=s.block_size, **key_cache_type, _domain=DOMAIN, _outputs=2)
-            self.metadata_outputs[layer] = (block_max, block_min)
+            exponent = self.block_exponent.get(layer)
+            metadata = op.QuestMetadata(
+                key, self.block_max[layer], self.block_min[layer], self.past_lens, self.total_lens, exponent,
+                block_size=s.block_size, **key_cache_type, _domain=DOMAIN, _outputs=3 if exponent else 2)
+            self.metadata_outputs[layer] = tuple(metadata)
+            block_max, block_min = metadata[:2]
+            exponent_out = metadata[2] if exponent else None
             select_attributes = dict(top_k=s.top_k, sink_blocks=s.sink_blocks, recent_blocks=s.recent_blocks,
                                      group_reduce=s.group_reduce, score=s.score, num_probes=s.num_probes)
             if s.importance_fraction:
                 select_attributes["importance_fraction"] = s.importance_fraction
             probe_inputs = (key_cache, key) if s.score == "probe" else (None, None)
             indices = op.SparseBlockSelect(query, block_max, block_min, self.past_lens, self.total_lens, importance,
-                                           *probe_inputs, self.exact_lens, **heads, **select_attributes,
-                                           _domain=DOMAIN)
+                                           *probe_inputs, self.exact_lens, exponent_out, **heads,
+                                           **select_attributes, _domain=DOMAIN)
         scales = (self.key_scale[layer], self.value_scale[layer]) if self.int8 else ()
         outputs = op.SparseBlockAttention(
             query, key, value, key_cache, value_cache, self.past_lens, indices, self.total_lens,

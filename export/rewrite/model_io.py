@@ -85,10 +85,14 @@ def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_val
         graph.outputs.extend([key_scale, value_scale])
     for layer in context.sparse_layers():
         new_inputs += [context.block_max[layer], context.block_min[layer]]
-        block_max, block_min = context.metadata_outputs[layer]
+        block_max, block_min, *exponent = context.metadata_outputs[layer]
         _retype(block_max, f"present_block_max.{layer}", context.bounds_dtype, meta_shape)
         _retype(block_min, f"present_block_min.{layer}", context.bounds_dtype, meta_shape)
         graph.outputs.extend([block_max, block_min])
+        if exponent:  # int8 bounds
+            new_inputs.append(context.block_exponent[layer])
+            _retype(exponent[0], f"present_block_exponent.{layer}", ir.DataType.INT8, meta_shape[:3])
+            graph.outputs.append(exponent[0])
         if layer in context.importance_outputs:
             new_inputs.append(context.block_importance[layer])
             importance = context.importance_outputs[layer]

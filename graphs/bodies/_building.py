@@ -10,6 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ...ops.reference._common import LANES
+from ...ops.reference.int8_bounds import LOWEST, NON_FINITE
 
 F32 = ir.DataType.FLOAT
 F16 = ir.DataType.FLOAT16
@@ -18,6 +19,15 @@ I64 = ir.DataType.INT64
 I8 = ir.DataType.INT8
 # The scale of an int8 cache row that cannot be stored: the positive quiet float16 NaN.
 NAN_SCALE = np.array(0x7E00, np.uint16).view(np.float16)
+# int8 block bounds: 2^e of every int8 exponent e at index e + 128 (exact float32, subnormal below
+# -126; NaN for the non-finite block's 127), looked up rather than computed with Pow, whose
+# results ONNX does not promise exact.
+EXPONENT_BIAS = 128
+EXPONENT_SCALES = np.append(np.ldexp(np.float32(1), np.arange(-EXPONENT_BIAS, NON_FINITE)), np.nan).astype(np.float32)
+# The least e >= LOWEST with amax <= 127 * 2^e is LOWEST plus the number of thresholds 127 * 2^j,
+# j >= LOWEST, that amax exceeds (exact float32 products; past j = 121 they overflow, and no finite
+# amax exceeds 127 * 2^121 * 2).
+EXPONENT_THRESHOLDS = np.float32(127) * np.ldexp(np.float32(1), np.arange(LOWEST, 122)).astype(np.float32)
 
 
 def const(op, value, dtype) -> ir.Value:
@@ -143,3 +153,58 @@ def quantize_rows(op, x):
 def dequantize_rows(op, q, scale) -> ir.Value:
     """q [..., D] * scale [..., 1] in float32: exact (7 bits times 11); a NaN scale, a NaN row."""
     return op.Mul(op.Cast(q, to=F32), op.Cast(scale, to=F32))
+
+
+def finite(op, x) -> ir.Value:
+    """x - x == 0: false for NaN and infinities (not IsNaN/IsInf, which CANN's graph mode does not take)."""
+    return op.Equal(op.Sub(x, x), const(op, 0.0, np.float32))
+
+
+def exponent_scale(op, exponent, negate: bool = False) -> ir.Value:
+    """2^e (or, with `negate`, 2^-e for LOWEST <= e < 127) float32 of int8 exponents, by table lookup."""
+    index = op.Cast(exponent, to=I64)
+    if negate:
+        index = op.Neg(index)
+    return op.Gather(const(op, EXPONENT_SCALES, np.float32), op.Add(index, const(op, EXPONENT_BIAS, np.int64)))
+
+
+def dequantize_bounds(op, codes, exponent) -> ir.Value:
+    """int8 bounds [..., M, D] with their exponents [..., M] as float32 `code * 2^e` (one exact product,
+    short of overflow; NaN in a non-finite block): docs/ops.md, int8 block bounds."""
+    return op.Mul(op.Cast(codes, to=F32), op.Unsqueeze(exponent_scale(op, exponent), ints(op, -1)))
+
+
+def quantize_bounds(op, hi, lo, non_finite):
+    """(max codes, min codes [..., M, D], exponents [..., M]) as float32 integers of float32 bounds
+    hi/lo (ops/reference/int8_bounds.py quantize). `non_finite` [..., M] marks blocks that held a
+    NaN or infinite bound; so does a non-finite hi or lo. Such blocks get codes 0 and exponent 127.
+
+    ```
+    max(|hi|, |lo|) -ReduceMax(D)-> amax -Greater(127 * 2^j)-count-> e -Gather-> 2^-e
+    hi * 2^-e -Ceil-> max codes      lo * 2^-e -Floor-> min codes      (both exact products)
+    ```
+    The caller casts them to int8 (Cast of an integral float32 in [-127, 127] is exact).
+    """
+    zero = const(op, 0.0, np.float32)
+    every = op.Cast(op.And(finite(op, hi), finite(op, lo)), to=F32)
+    bad = op.Or(non_finite, op.Not(op.Greater(op.ReduceMin(every, ints(op, -1), keepdims=0), zero)))
+    amax = op.ReduceMax(op.Max(op.Abs(hi), op.Abs(lo)), ints(op, -1), keepdims=0)
+    amax = op.Where(bad, zero, amax)  # a non-finite block's amax is not used: any finite number will do
+    exceeded = op.Greater(op.Unsqueeze(amax, ints(op, -1)), const(op, EXPONENT_THRESHOLDS, np.float32))
+    e = op.Add(op.ReduceSum(op.Cast(exceeded, to=I64), ints(op, -1), keepdims=0), const(op, LOWEST, np.int64))
+    inverse = op.Unsqueeze(exponent_scale(op, e, negate=True), ints(op, -1))
+    wide_bad = op.Unsqueeze(bad, ints(op, -1))
+    top = op.Where(wide_bad, zero, op.Ceil(op.Mul(hi, inverse)))
+    bottom = op.Where(wide_bad, zero, op.Floor(op.Mul(lo, inverse)))
+    return top, bottom, op.Where(bad, const(op, NON_FINITE, np.int64), e)
+
+
+def int8_bounds(op_name: str, block_max, block_exponent) -> bool:
+    """Whether a node's bounds are int8, which `block_exponent` marks (required with int8 bounds and
+    refused with float ones). An expanded node knows the bounds' type and refuses a mismatch naming
+    the input; a model-local function cannot see it (the kernels check it)."""
+    dtype = getattr(block_max, "dtype", None)
+    if dtype is not None and (dtype == I8) != (block_exponent is not None):
+        raise ValueError(f"{op_name}: input 'block_exponent' is required with int8 bounds and refused with float "
+                         f"ones; 'block_max' is {dtype}")
+    return block_exponent is not None

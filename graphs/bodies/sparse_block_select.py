@@ -11,7 +11,9 @@ scores -rank among the rest < quota-> score picks
 chosen mask -TopK(M - m)-> ascending block ids, -1 where unchosen, padded to K
 ```
 Ranks come from one TopK over float64 keys: a candidate's value (NaN below -inf, both above
-any non-candidate), ties to the lower index as ONNX TopK specifies.
+any non-candidate), ties to the lower index as ONNX TopK specifies. int8 bounds (block_exponent
+given) score their codes as float32 the same way, then the reduced score is multiplied by the
+block's 2^e (a table lookup, NaN for 127): one float32 product, as the contract has it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ._building import F32, F64, I64, const, dim, ints, lane_sum, positions, repeat_heads, select_max, take, write_tokens
+from ._building import (F32, F64, I64, const, dim, exponent_scale, int8_bounds, ints, lane_sum, positions,
+                        repeat_heads, select_max, take, write_tokens)
 
 
 def _rank(op, values_f32, candidates, M):
@@ -98,7 +101,8 @@ def _probe_scores(op, query, key_cache, key, pos, valid, M, num_heads, kv_num_he
     return best  # [B, N, S, M]
 
 
-def _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce):
+def _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce, block_exponent=None):
+    """Bounds [B, N, S, M]; int8 bounds' codes (Cast to float32) score alike, then times 2^e per block."""
     q = _query_rows(op, query, num_heads, kv_num_heads, group_reduce)
     q = op.Unsqueeze(q, ints(op, 4))  # [B, N, G', S, 1, D]
     kmax = op.Unsqueeze(op.Cast(block_max, to=F32), ints(op, 2, 3))  # [B, N, 1, 1, M, D]
@@ -108,7 +112,10 @@ def _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, grou
     scores = take(op, per_head, 2, 0, 1)
     for g in range(1, heads):
         scores = select_max(op, take(op, per_head, 2, g, g + 1), scores)
-    return op.Squeeze(scores, ints(op, 2))  # [B, N, S, M]
+    scores = op.Squeeze(scores, ints(op, 2))  # [B, N, S, M]
+    if block_exponent is not None:
+        scores = op.Mul(scores, op.Unsqueeze(exponent_scale(op, block_exponent), ints(op, 2)))
+    return scores
 
 
 def sparse_block_select_body(
@@ -122,6 +129,7 @@ def sparse_block_select_body(
     key_cache=None,
     key=None,
     exact_lens=None,
+    block_exponent=None,
     *,
     num_heads: int,
     kv_num_heads: int,
@@ -134,6 +142,9 @@ def sparse_block_select_body(
     score: str = "bound",
     num_probes: int = 8,
 ):
+    if int8_bounds("SparseBlockSelect", block_max, block_exponent) and score == "probe":
+        raise ValueError("SparseBlockSelect: score='probe' needs float bounds (its 'key_cache' shares their type); "
+                         "got int8 bounds ('block_exponent' given)")
     if group_reduce == "none":
         # Each query head alone is the shared policy over its KV head's inputs repeated per query head.
         G = num_heads // kv_num_heads
@@ -143,7 +154,8 @@ def sparse_block_select_body(
 
         return sparse_block_select_body(
             op, query, per_head(block_max, 4), per_head(block_min, 4), past_lens, total_lens,
-            per_head(block_importance, 3), per_head(key_cache, 4), per_head(key, 4), exact_lens, num_heads=num_heads,
+            per_head(block_importance, 3), per_head(key_cache, 4), per_head(key, 4), exact_lens,
+            per_head(block_exponent, 3), num_heads=num_heads,
             kv_num_heads=num_heads, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
             recent_blocks=recent_blocks, group_reduce="mean", importance_fraction=importance_fraction, score=score,
             num_probes=num_probes)
@@ -183,7 +195,7 @@ def sparse_block_select_body(
         scores = _probe_scores(op, query, key_cache, key, pos, probe_valid, M, num_heads, kv_num_heads, group_reduce,
                                block_size, num_probes)
     else:
-        scores = _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce)
+        scores = _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce, block_exponent)
     candidates = op.And(eligible, op.Not(chosen))
     chosen = op.Or(chosen, op.And(candidates, op.Less(_rank(op, scores, candidates, M), remaining)))
 

@@ -8,6 +8,7 @@ import pytest
 from benchmarks import bench_e2e, gqa_int8
 from quest_ort.apps.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
+from quest_ort.ops.reference import int8_bounds
 from quest_ort.runtime.model import QuestModel
 from support.export_models import tiny_model
 
@@ -69,6 +70,8 @@ def test_the_synthetic_int8_fill_bounds_the_keys_the_cache_holds(tmp_path):
         padded = np.full((keys.shape[0], blocks * 16, keys.shape[-1]), np.nan, np.float32)
         padded[:, :CONTEXT] = keys
         by_block = padded.reshape(keys.shape[0], blocks, 16, -1)
-        assert (layer.block_max[0, :, :blocks] >= np.nanmax(by_block, axis=2)).all()
-        assert (layer.block_min[0, :, :blocks] <= np.nanmin(by_block, axis=2)).all()
+        # int8 caches come with int8 bounds: codes times each block's power of two
+        scale = int8_bounds.scale_of(layer.block_exponent[0, :, :blocks])[..., None]
+        assert (layer.block_max[0, :, :blocks] * scale >= np.nanmax(by_block, axis=2)).all()
+        assert (layer.block_min[0, :, :blocks] * scale <= np.nanmin(by_block, axis=2)).all()
     model.step(cache, np.array([[3]], np.int64))  # and the model decodes from it

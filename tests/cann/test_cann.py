@@ -30,7 +30,8 @@ EMULATOR = pathlib.Path(os.environ.get("QUEST_ORT_CANN_EMULATOR", REPO / "build"
 # (vector cores, UB bytes): Ascend 910B; a 910B4-like part; one core with a tiny UB (many chunks,
 # candidates in the GM workspace).
 NPUS = {"910B": (48, 192 * 1024), "40-cores": (40, 192 * 1024), "1-core-16KB": (1, 16 * 1024)}
-BOUND_CASES = [case for case in CASES if case.score == "bound"]
+# The NPU kernels take float bounds only: int8 bounds are refused (tested below).
+BOUND_CASES = [case for case in CASES if case.score == "bound" and not case.int8_bounds]
 # The NPU kernels take float caches only: next to int8 caches QuestMetadata is refused (tested below).
 METADATA_CASES = [case for case in BOUND_CASES if not case.int8]
 # The selections the NPU kernel implements: the bound score, one selection per KV head.
@@ -175,6 +176,26 @@ def test_int8_caches_have_no_npu_kernel_and_say_so(op_name, words, tmp_path):
     inputs, attributes, _ = reference_outputs(op_name, case)
     run = _emulate(tmp_path, op_name, inputs, attributes, case, "910B")
     assert run.returncode == 3 and words in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("op_name", ["QuestMetadata", "SparseBlockSelect"])
+def test_int8_bounds_have_no_npu_kernel_and_say_so(op_name, tmp_path):
+    """As the CANN op library: its metadata and select kernels take float bounds only (docs/ops.md,
+    int8 block bounds); int8 bounds are refused with the reason, never read as float16."""
+    case = next(case for case in NPU_SELECT_CASES if not case.int8)
+    B, (H, N), S, D, M = case.batch, case.heads, case.new_tokens, case.head_dim, case.num_blocks()
+    rng = np.random.default_rng(0)
+    bounds = dict(block_max=np.ones((B, N, M, D), np.int8), block_min=-np.ones((B, N, M, D), np.int8),
+                  block_exponent=np.zeros((B, N, M), np.int8), past_lens=case.past_lens(), total_lens=case.total_lens())
+    activation = case.dtypes[0]
+    if op_name == "QuestMetadata":
+        inputs = dict(key=rng.standard_normal((B, N, S, D)).astype(activation), **bounds)
+        attributes = dict(block_size=case.block_size)
+    else:
+        inputs = dict(query=rng.standard_normal((B, H, S, D)).astype(activation), **bounds)
+        attributes = dict(num_heads=H, kv_num_heads=N, block_size=case.block_size, top_k=case.k())
+    run = _emulate(tmp_path, op_name, inputs, attributes, case, "910B")
+    assert run.returncode == 3 and "int8 block bounds are not supported on CANN" in run.stdout, run.stdout + run.stderr
 
 
 def test_attention_with_a_block_list_per_query_head_has_no_npu_kernel_and_says_so(tmp_path):

@@ -175,6 +175,23 @@ def test_narrow_kv_stays_close_to_float32(family, kv_dtype):
             assert (layer.key_scale[0, :, :PROMPT] > 0).all() and (layer.value_scale[0, :, PROMPT:] == 0).all()
 
 
+@pytest.mark.parametrize("bounds_dtype, expected", [(None, "int8"), ("float16", "float16")])
+def test_int8_kv_keeps_int8_block_bounds_by_default(bounds_dtype, expected):
+    """`--kv-dtype int8` bounds the blocks in int8 too (with a per-block exponent each sparse layer
+    carries in place), unless --bounds-dtype says otherwise; the decode stays the float16 bounds' one
+    here, where K covers every block."""
+    model = QuestModel(quest_export("qwen3", top_k=64, kv_dtype="int8", bounds_dtype=bounds_dtype), threads=1)
+    assert model.sidecar.bounds_dtype == expected
+    for index, io in enumerate(model.sidecar.layers):
+        assert (io.past_block_exponent is not None) == (io.sparse and expected == "int8"), index
+    cache = model.new_cache(1, capacity=128)
+    model.step(cache, np.array([_prompt(5, 40)]))
+    for layer in cache.layers:
+        assert layer.block_max is None or layer.block_max.dtype == np.dtype(expected)
+        if layer.block_exponent is not None:  # the three blocks written (40 tokens of 16) have theirs
+            assert (layer.block_exponent[0, :, :3] != 0).all() and (layer.block_exponent[0, :, 3:] == 0).all()
+
+
 def test_int8_kv_refuses_what_it_cannot_serve():
     """int8 caches are the Quest ops' format: the GroupQueryAttention baseline and the probe score
     (which reads a float key cache) refuse them by name, as settings, before any export work."""

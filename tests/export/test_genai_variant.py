@@ -70,6 +70,7 @@ def test_the_variant_run_as_genai_runs_it_gives_the_exported_graphs_logits():
 
 @pytest.mark.parametrize("settings, reason", [
     (dict(kv_dtype="int8"), "int8 caches"),
+    (dict(bounds_dtype="int8"), "int8 block bounds"),
     (dict(importance_fraction=0.25), "block importance"),
 ])
 def test_folders_genai_cannot_carry_get_no_files_and_a_reason(settings, reason, tmp_path):

@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from support.cases import CALLS, CASES, LONG_CASES, with_specials
+from support.cases import CALLS, CASES, LONG_CASES, REDUCES, with_specials
 from support.driver_cases import outputs_of, read_output, total_lens, write_case
 from support.driver_cases import expected as reference_outputs
 from support.tolerances import assert_close, assert_equal, assert_used_blocks_equal
@@ -209,3 +209,119 @@ def test_variants_alike_at_the_edges(call, case, inputs, machine, tmp_path):
     docs/ops.md non-finite numbers), and the scalar kernel meets the reference."""
     inputs, attributes, expected = reference_outputs(call, case, EDGE_INPUTS[inputs])
     _check_variants(machine, CALLS[call][0], case, inputs, attributes, expected, tmp_path)
+
+
+# int8 block bounds (docs/ops.md, int8 block bounds): head dims around the 16-lane chunks, and
+# exponents at their edges as inputs (subnormal scales, the lowest a block quantizes to, scales
+# whose products overflow, the non-finite block).
+INT8_BOUND_DIMS = (1, 15, 16, 17, 64, 80, 128)
+EDGE_EXPONENTS = np.array([-128, -127, -126, 10, 126, 127], np.int8)
+
+
+def _int8_bound_case(head_dim, key_dtype, reduce="none", top_k="8"):
+    """Three rows of different lengths (the last padded), H = 14 over N = 2, P = 4: hundreds of
+    blocks in the first row, one or two in the others."""
+    import dataclasses
+
+    return dataclasses.replace(CASES[0], batch=3, heads=(14, 2), head_dim=head_dim, block_size=4, cached="~1000",
+                               new_tokens=7, top_k=top_k, sink=1, recent=1, reduce=reduce, importance=False,
+                               equal_scores=False, score="bound", dtypes=(key_dtype, "int8"), exact="none")
+
+
+def _keys(rng, shape, dtype):
+    """Keys of magnitudes 1e-4 to 1e4 (so exponents differ by block), with specials in some rows:
+    NaN, infinities, values past float16's range or at its edge, float16 subnormals."""
+    magnitude = 10.0 ** rng.uniform(-4, 4, shape[:-1] + (1,))
+    key = (rng.standard_normal(shape) * magnitude).astype(np.float32)
+    specials = np.array([np.nan, np.inf, -np.inf, 7e4, -7e4, 65504, 65505, 3e-8, -3e-8, 0.0, -0.0], np.float32)
+    rows = np.argwhere(rng.random(shape[:-1]) < 0.05)
+    for row in rows:
+        key[tuple(row) + (int(rng.integers(shape[-1])),)] = rng.choice(specials)
+    with np.errstate(over="ignore"):
+        return key.astype(dtype)
+
+
+def _held_bounds(rng, shape):
+    """Codes and exponents as any caller may hold them: codes over all of int8 (max < min in a tenth
+    of the blocks), exponents around 0 and at their edges."""
+    a, b = rng.integers(-128, 128, shape), rng.integers(-128, 128, shape)
+    block_max, block_min = np.maximum(a, b).astype(np.int8), np.minimum(a, b).astype(np.int8)
+    swap = rng.random(shape[:3]) < 0.1
+    block_max[swap], block_min[swap] = block_min[swap], block_max[swap]
+    exponent = rng.integers(-14, 6, shape[:3]).astype(np.int8)
+    edges = rng.random(shape[:3]) < 0.4
+    exponent[edges] = rng.choice(EDGE_EXPONENTS, int(edges.sum()))
+    return block_max, block_min, exponent
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+@pytest.mark.parametrize("key_cache_type", ["float", "int8"])
+@pytest.mark.parametrize("key_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("head_dim", INT8_BOUND_DIMS)
+def test_int8_bounds_metadata_alike_on_every_variant(head_dim, key_dtype, key_cache_type, machine, tmp_path):
+    """QuestMetadata into int8 bounds: held codes dequantized (edge exponents, overflowing products,
+    non-finite blocks), non-finite and out-of-range keys merged, blocks quantized; every variant
+    writes the scalar kernel's bits, and the scalar kernel the reference's."""
+    from quest_ort.ops.reference import quest_metadata
+
+    case = _int8_bound_case(head_dim, key_dtype)
+    rng = np.random.default_rng(head_dim * 4 + (key_dtype == "float16") * 2 + (key_cache_type == "int8"))
+    B, (_, N), S, M = case.batch, case.heads, case.new_tokens, case.num_blocks()
+    block_max, block_min, exponent = _held_bounds(rng, (B, N, M, head_dim))
+    inputs = dict(key=_keys(rng, (B, N, S, head_dim), key_dtype), block_max=block_max, block_min=block_min,
+                  past_lens=case.past_lens(), total_lens=case.total_lens(), block_exponent=exponent)
+    attributes = dict(block_size=case.block_size, key_cache_type=key_cache_type)
+    with np.errstate(all="ignore"):
+        expected = quest_metadata(**inputs, **attributes)
+    _check_variants(machine, "QuestMetadata", case, inputs, attributes, expected, tmp_path)
+    # Blocks the call does not touch keep their input bits (not only the used ones compared above).
+    for name, want in zip(outputs_of("QuestMetadata", inputs), expected, strict=True):
+        assert_equal(read_output(tmp_path, "scalar", name, want), want, f"{name}, every block")
+
+
+def _built_int8_bounds(rng, case, key_dtype):
+    """int8 bounds as QuestMetadata builds them over every row's cached keys, then edge exponents
+    in a fifth of the blocks and the codes of a tenth swapped (max < min: the general score form)."""
+    from quest_ort.ops.reference import quest_metadata
+
+    B, (_, N), M, D, P = case.batch, case.heads, case.num_blocks(), case.head_dim, case.block_size
+    zeros = np.zeros((B, N, M, D), np.int8)
+    keys = _keys(rng, (B, N, M * P, D), key_dtype)
+    with np.errstate(all="ignore"):
+        block_max, block_min, exponent = quest_metadata(keys, zeros, zeros, np.zeros(B, np.int32), block_size=P,
+                                                        block_exponent=np.zeros((B, N, M), np.int8))
+    edges = rng.random((B, N, M)) < 0.2
+    exponent = exponent.copy()
+    exponent[edges] = rng.choice(EDGE_EXPONENTS, int(edges.sum()))
+    swap = rng.random((B, N, M)) < 0.1
+    block_max, block_min = block_max.copy(), block_min.copy()
+    block_max[swap], block_min[swap] = block_min[swap], block_max[swap]
+    return block_max, block_min, exponent
+
+
+INT8_SELECT_RUNS = ([(D, reduce, "8") for D in INT8_BOUND_DIMS for reduce in REDUCES]
+                    + [(D, reduce, "more than eligible") for D in (17, 128) for reduce in REDUCES])
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+@pytest.mark.parametrize("key_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("head_dim,reduce,top_k", INT8_SELECT_RUNS, ids=[f"D{d}-{r}-K{k.split()[0]}" for d, r, k in
+                                                                            INT8_SELECT_RUNS])
+def test_int8_bounds_select_alike_on_every_variant(head_dim, reduce, top_k, key_dtype, machine, tmp_path):
+    """SparseBlockSelect over int8 bounds (codes scored, the reduced score scaled by 2^e, NaN for a
+    non-finite block): decode and prefill queries of rows of different lengths, on every variant."""
+    from quest_ort.ops.reference import sparse_block_select
+
+    case = _int8_bound_case(head_dim, key_dtype, reduce, top_k)
+    rng = np.random.default_rng(head_dim * 8 + REDUCES.index(reduce) * 2 + (key_dtype == "float16"))
+    block_max, block_min, exponent = _built_int8_bounds(rng, case, key_dtype)
+    H, N = case.heads
+    query = rng.standard_normal((case.batch, H, case.new_tokens, head_dim)).astype(key_dtype)
+    query[rng.random(query.shape) < 0.05] = 0.0
+    inputs = dict(query=query, block_max=block_max, block_min=block_min, past_lens=case.past_lens(),
+                  total_lens=case.total_lens(), block_exponent=exponent)
+    attributes = dict(num_heads=H, kv_num_heads=N, block_size=case.block_size, top_k=case.k(),
+                      sink_blocks=case.sink, recent_blocks=case.recent, group_reduce=reduce)
+    with np.errstate(all="ignore"):
+        expected = (sparse_block_select(**inputs, **attributes),)
+    _check_variants(machine, "SparseBlockSelect", case, inputs, attributes, expected, tmp_path)

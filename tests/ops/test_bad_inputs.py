@@ -6,6 +6,8 @@ lengths, indices); both are accepted, the message is what is checked.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -84,9 +86,7 @@ BAD = [
     ("QuestMetadata", "block_size past int32", lambda x: x, {"block_size": 2**32 + 4}, ["'block_size'", "int32"]),
     ("QuestMetadata", "zero head dim", lambda x: _replace(x, key=np.ones((2, N, S, 0), np.float32), block_max=np.ones((2, N, M, 0), np.float32), block_min=np.ones((2, N, M, 0), np.float32)), {}, ["'key'", "(D) must be positive"]),
     ("SparseBlockAttention", "zero head dim", lambda x: _replace(x, query=np.ones((2, H, S, 0), np.float32), key=np.ones((2, N, S, 0), np.float32), value=np.ones((2, N, S, 0), np.float32), key_cache=np.ones((2, N, C, 0), np.float32), value_cache=np.ones((2, N, C, 0), np.float32)), {}, ["(D) must be positive"]),
-    # int8 is a type of SparseBlockAttention's caches only: bounds and the probe's key cache refuse it.
-    ("QuestMetadata", "int8 bounds", lambda x: _replace(x, block_max=np.zeros((2, N, M, D), np.int8), block_min=np.zeros((2, N, M, D), np.int8)), {}, ["'block_max'", "int8"]),
-    ("SparseBlockSelect", "int8 bounds", lambda x: _replace(x, block_max=np.ones((2, N, M, D), np.int8), block_min=np.zeros((2, N, M, D), np.int8)), {}, ["'block_max'", "int8"]),
+    # The probe's key cache is float only (int8 bounds and their refusals: INT8_BOUNDS_BAD below).
     ("SparseBlockSelect", "probe of an int8 key cache", lambda x: _replace(x, key_cache=np.zeros((2, N, C, D), np.int8), key=np.ones((2, N, S, D), np.float32)), {"score": "probe"}, ["'key_cache'", "int8"]),
     ("QuestMetadata", "key_cache_type unknown", lambda x: x, {"key_cache_type": "int4"}, ["'key_cache_type'", "'float', 'int8'"]),
 ]
@@ -144,6 +144,79 @@ def test_bad_int8_call_is_reported_by_name(what, change_inputs, outputs, words):
     message = str(error.value)
     for word in words:
         assert word in message, f"{what}: {word!r} not in error message:\n{message}"
+
+
+def _valid_int8_bounds(op_name):
+    """A valid QuestMetadata or SparseBlockSelect call with int8 bounds and their exponents, and the
+    outputs it has (QuestMetadata's exponents too)."""
+    inputs, attributes, _ = _valid(op_name)
+    codes = dict(block_max=np.full((2, N, M, D), 3, np.int8), block_min=np.full((2, N, M, D), -2, np.int8),
+                 block_exponent=np.full((2, N, M), -4, np.int8))
+    outputs = ("block_max_out", "block_min_out", "block_exponent_out") if op_name == "QuestMetadata" else None
+    return {**inputs, **codes}, attributes, outputs
+
+
+_FLOAT_BOUNDS = dict(block_max=np.ones((2, N, M, D), np.float32), block_min=np.zeros((2, N, M, D), np.float32))
+_BOUNDS_OUTPUTS = ("block_max_out", "block_min_out")
+_EXPONENT = "block_exponent"
+# (the exponent input's name as a word: not the start of block_exponent_out)
+_EXPONENT_INPUT = r"\bblock_exponent\b(?!_out)"
+
+_HALF_BOUNDS = {name: value.astype(np.float16) for name, value in _FLOAT_BOUNDS.items()}
+_NO_EXPONENT = dict(block_exponent=None)
+
+
+def _exponent(dtype=np.int8, shape=(2, N, M)):
+    """A change that replaces the exponents with zeros of another type or shape."""
+    return lambda x: _replace(x, block_exponent=np.zeros(shape, dtype))
+
+
+INT8_BOUNDS_BAD = [
+    # op, what, change the int8-bound call's inputs, outputs asked for (None: the op's default),
+    # change attributes, the tensor or attribute the message must name (a regular expression)
+    ("QuestMetadata", "int8 bounds without block_exponent", lambda x: _replace(x, **_NO_EXPONENT), _BOUNDS_OUTPUTS,
+     {}, _EXPONENT_INPUT),
+    ("SparseBlockSelect", "int8 bounds without block_exponent", lambda x: _replace(x, **_NO_EXPONENT), None, {},
+     _EXPONENT_INPUT),
+    ("QuestMetadata", "block_exponent with float32 bounds", lambda x: _replace(x, **_FLOAT_BOUNDS), None, {},
+     _EXPONENT),
+    ("SparseBlockSelect", "block_exponent with float32 bounds", lambda x: _replace(x, **_FLOAT_BOUNDS), None, {},
+     _EXPONENT_INPUT),
+    ("SparseBlockSelect", "block_exponent with float16 bounds", lambda x: _replace(x, **_HALF_BOUNDS), None, {},
+     _EXPONENT_INPUT),
+    ("QuestMetadata", "block_exponent_out with float32 bounds",
+     lambda x: _replace(x, **_FLOAT_BOUNDS, **_NO_EXPONENT), _BOUNDS_OUTPUTS + ("block_exponent_out",), {}, _EXPONENT),
+    ("QuestMetadata", "int8 bounds without block_exponent_out", lambda x: x, _BOUNDS_OUTPUTS, {},
+     r"\bblock_exponent_out\b"),
+    ("QuestMetadata", "block_exponent float32", _exponent(np.float32), None, {}, _EXPONENT_INPUT),
+    ("SparseBlockSelect", "block_exponent int32", _exponent(np.int32), None, {}, _EXPONENT_INPUT),
+    ("QuestMetadata", "block_exponent of another M", _exponent(shape=(2, N, M + 1)), None, {}, _EXPONENT_INPUT),
+    ("SparseBlockSelect", "block_exponent of other heads", _exponent(shape=(2, N + 1, M)), None, {}, _EXPONENT_INPUT),
+    ("SparseBlockSelect", "block_exponent rank 4", _exponent(shape=(2, N, M, 1)), None, {}, _EXPONENT_INPUT),
+    ("QuestMetadata", "block_exponent rank 2", _exponent(shape=(2, N * M)), None, {}, _EXPONENT_INPUT),
+    ("QuestMetadata", "int8 block_max, float32 block_min",
+     lambda x: _replace(x, block_min=x["block_min"].astype(np.float32)), None, {}, r"\bblock_min\b"),
+    # The probe's key cache shares TC with the bounds: with int8 bounds there is no probe (an int8
+    # key cache is refused as well, so either refusal may come first: the message names the probe's
+    # attribute or input).
+    ("SparseBlockSelect", "probe with int8 bounds",
+     lambda x: _replace(x, key_cache=np.zeros((2, N, C, D), np.int8), key=np.ones((2, N, S, D), np.float32)), None,
+     {"score": "probe"}, r"probe|\bscore\b|\bkey_cache\b"),
+]
+
+
+@pytest.mark.parametrize("op_name, what, change_inputs, outputs, change_attributes, culprit", INT8_BOUNDS_BAD,
+                         ids=[f"{b[0]}-{b[1]}" for b in INT8_BOUNDS_BAD])
+def test_bad_int8_bounds_call_is_reported_by_name(op_name, what, change_inputs, outputs, change_attributes, culprit):
+    """Only the tensor (or attribute) at fault and the op are checked, not the wording around them."""
+    inputs, attributes, int8_outputs = _valid_int8_bounds(op_name)
+    run_op(op_name, inputs, attributes, outputs=int8_outputs)  # the valid baseline runs
+    with pytest.raises(Exception) as error:
+        run_op(op_name, change_inputs(inputs), {**attributes, **change_attributes}, outputs=outputs,
+               symbolic_dims=False)
+    message = str(error.value)
+    assert op_name in message, f"{what}: the op is not named:\n{message}"
+    assert re.search(culprit, message), f"{what}: nothing matching {culprit!r} in the error message:\n{message}"
 
 
 HUGE = 2**31 - 1  # heads: allowed by the attributes, and empty tensors cost nothing to pass

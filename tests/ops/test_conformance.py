@@ -1,7 +1,7 @@
 """Op conformance: the native kernels and the standard-op function bodies against the NumPy reference.
 
-Selections and cache writes (int8 caches' scales too, as float16 bits) compare bit for bit;
-attention outputs within the dtype tolerance.
+Selections, block bounds (int8 bounds' codes and exponents too) and cache writes (int8 caches' scales
+too, as float16 bits) compare bit for bit; attention outputs within the dtype tolerance.
 """
 
 from __future__ import annotations
@@ -35,22 +35,51 @@ def _expected_attention(case, sparse):
 @EACH_CASE
 @PATHS
 def test_quest_metadata(case, native):
-    inputs, attributes = metadata_args(_data(case))
-    expected_max, expected_min = quest_metadata(**inputs, **attributes)
-    got = run_op("QuestMetadata", inputs, attributes, native=native)
-    # Blocks that hold no valid token are unspecified: compare the blocks that do.
-    total = inputs["total_lens"] if inputs["total_lens"] is not None else inputs["past_lens"] + case.new_tokens
-    for name, expected in (("block_max_out", expected_max), ("block_min_out", expected_min)):
-        assert_used_blocks_equal(got[name], expected, total, case.block_size, name)
+    _check_metadata(case, *metadata_args(_data(case)), native)
 
 
 @EACH_CASE
 @PATHS
 def test_sparse_block_select(case, native):
-    inputs, attributes = select_args(_data(case))
+    _check_select(*select_args(_data(case)), native)
+
+
+def _check_metadata(case, inputs, attributes, native):
+    """Every output of the op (int8 bounds' exponents too) against the reference's, bit for bit."""
+    names = outputs_of("QuestMetadata", inputs)
+    expected = dict(zip(names, quest_metadata(**inputs, **attributes), strict=True))
+    got = run_op("QuestMetadata", inputs, attributes, native=native)
+    # Blocks that hold no valid token are unspecified: compare the blocks that do (an exponent as a
+    # block's one channel).
+    total = inputs["total_lens"] if inputs["total_lens"] is not None else inputs["past_lens"] + case.new_tokens
+    for name in names:
+        channels = (...,) if expected[name].ndim == 4 else (..., None)
+        assert_used_blocks_equal(got[name][channels], expected[name][channels], total, case.block_size, name)
+
+
+def _check_select(inputs, attributes, native):
     expected = sparse_block_select(**inputs, **attributes)
     got = run_op("SparseBlockSelect", inputs, attributes, native=native)["block_indices"]
     assert_equal(got, expected, "block_indices", axes="(b, n, s) x K")
+
+
+INT8_BOUND_CASES = [case for case in CASES if case.int8_bounds]
+
+
+@pytest.mark.parametrize("case", INT8_BOUND_CASES, ids=lambda case: case.id)
+@PATHS
+@pytest.mark.parametrize("call", ["QuestMetadata", "SparseBlockSelect"])
+def test_int8_bounds_on_edge_values(case, native, call):
+    """int8 bounds whose exponents and codes sit at their edges (subnormal and overflowing 2^e, the
+    non-finite 127, code -128; cases.INT8_SPECIALS) next to keys and queries holding SPECIALS. Every
+    exponent is defined as an input, and a NaN key makes its block non-finite whatever the order of
+    merging, so the function bodies match here bit for bit too."""
+    if call == "QuestMetadata":
+        inputs, attributes = metadata_args(_data(case))
+        _check_metadata(case, with_specials(inputs), attributes, native)
+    else:
+        inputs, attributes = select_args(_data(case))
+        _check_select(with_specials(inputs), attributes, native)
 
 
 @EACH_CASE

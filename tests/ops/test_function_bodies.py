@@ -10,8 +10,9 @@ from quest_ort.graphs import op_model
 from quest_ort.graphs.functions import attach_function_bodies, expand_quest_ops
 from quest_ort.ops.reference import sparse_block_attention, sparse_block_select
 from quest_ort.runtime import make_session
-from support.cases import CASES, attention_args, make_data, select_args
-from support.driver_cases import SCALE_OUTPUTS
+from quest_ort.ops.reference import quest_metadata
+from support.cases import CASES, attention_args, make_data, metadata_args, select_args
+from support.driver_cases import SCALE_OUTPUTS, outputs_of
 from support.tolerances import assert_close, assert_equal
 
 CASE = next(c for c in CASES if c.ranks_blocks() and c.batch == 3)
@@ -90,3 +91,36 @@ def test_int8_attention_without_importance_runs_in_plain_onnx_runtime(form):
     assert_close(got["output"], expected["output"], np.dtype(INT8_CASE.dtypes[0]), "output")
     for name in INT8_OUTPUTS[1:]:
         assert_equal(got[name], expected[name], name)
+
+
+INT8_BOUNDS_CASE = next(c for c in CASES if c.int8_bounds)
+
+
+@pytest.mark.parametrize("form", ["function", "expanded"])
+@pytest.mark.parametrize("op_name", ["QuestMetadata", "SparseBlockSelect"])
+def test_int8_bounds_run_in_plain_onnx_runtime(op_name, form):
+    """A carried function cannot see its inputs' types: the present block_exponent alone makes it take
+    the int8 bounds' path (the expanded node could check the type too)."""
+    arguments = metadata_args if op_name == "QuestMetadata" else select_args
+    inputs, attributes = arguments(make_data(INT8_BOUNDS_CASE))
+    outputs = outputs_of(op_name, inputs) if op_name == "QuestMetadata" else ("block_indices",)
+    model = op_model(op_name, inputs, attributes, outputs=outputs)
+    model = attach_function_bodies(model) if form == "function" else expand_quest_ops(model)
+    onnx.checker.check_model(model, full_check=form == "expanded")
+    got = make_session(model, register_library=False).run(list(outputs), _feeds(inputs))
+    reference = quest_metadata if op_name == "QuestMetadata" else sparse_block_select
+    expected = reference(**inputs, **attributes)
+    for name, value, want in zip(outputs, got, expected if isinstance(expected, tuple) else (expected,), strict=True):
+        assert_equal(value, want, name)  # every block: untouched ones keep their input bits
+
+
+@pytest.mark.parametrize("bounds", ["float32 with block_exponent", "int8 without block_exponent"])
+def test_an_expanded_node_refuses_exponents_that_do_not_match_the_bounds(bounds):
+    inputs, attributes = metadata_args(make_data(INT8_BOUNDS_CASE))
+    if bounds.startswith("float32"):
+        inputs.update({name: inputs[name].astype(np.float32) for name in ("block_max", "block_min")})
+    else:
+        inputs["block_exponent"] = None
+    model = op_model("QuestMetadata", inputs, attributes, outputs=("block_max_out", "block_min_out"))
+    with pytest.raises(ValueError, match="QuestMetadata: input 'block_exponent'"):
+        expand_quest_ops(model)

@@ -1,5 +1,6 @@
 """In-place cache updates through IOBinding: a decode step writes only the new tokens (and, with int8
-caches, their scales), copies nothing, and a failing step leaves the bound caches exactly as they were."""
+caches, their scales; with int8 bounds, their blocks' exponents), copies nothing, and a failing step
+leaves the bound caches exactly as they were."""
 
 from __future__ import annotations
 
@@ -165,6 +166,30 @@ def test_metadata_updates_in_place():
     np.testing.assert_array_equal(block_min, expected[1])
 
 
+def test_int8_bounds_update_in_place():
+    """int8 codes and their exponents bound to their own buffers: the step writes the touched blocks
+    (its keys' blocks requantized) and copies nothing."""
+    rng = np.random.default_rng(4)
+    M = C // P
+    keys = rng.standard_normal((B, N, 40, D)).astype(np.float32)
+    zeros = np.zeros((B, N, M, D), np.int8)
+    block_max, block_min, exponent = quest_metadata(keys, zeros, zeros.copy(), np.zeros(B, np.int32),
+                                                    np.array([33, 40], np.int32), np.zeros((B, N, M), np.int8),
+                                                    block_size=P)
+    x = dict(key=np.zeros((B, N, 1, D), np.float32), block_max=block_max, block_min=block_min,
+             past_lens=np.zeros(B, np.int32), block_exponent=exponent)
+    aliases = {"block_max_out": "block_max", "block_min_out": "block_min", "block_exponent_out": "block_exponent"}
+    step = InPlaceStep(make_session(op_model("QuestMetadata", x, dict(block_size=P))), aliases)
+    key = 4 * rng.standard_normal((B, N, 1, D)).astype(np.float32)  # wider keys: the exponents grow
+    past = np.array([33, 40], np.int32)
+    expected = quest_metadata(key, block_max, block_min, past, None, exponent, block_size=P)
+    copied_before = native_copied_bytes()
+    bound = {name: ort.OrtValue.ortvalue_from_numpy(x[name]) for name in aliases.values()}
+    step.run(dict(key=key, past_lens=past, **bound))
+    assert native_copied_bytes() == copied_before
+    for array, want, name in zip((block_max, block_min, exponent), expected, aliases.values()):
+        assert_equal(array, want, name)
+
 
 # Outputs bound to memory that overlaps an input or another output (other than an output bound to
 # exactly its own input's buffer, in place) are refused before anything is written. Every buffer
@@ -310,6 +335,46 @@ def test_overlapping_scale_bindings_are_refused_before_anything_is_written(case)
     before = arena.copy()
     with pytest.raises(Exception, match=message):
         _bound_run(_attention_session("int8").session, inputs, outputs)
+    np.testing.assert_array_equal(arena, before)
+
+
+# With int8 bounds the exponents are an in-place output too: one byte arena holds the int8 codes,
+# the exponents and the float32 key, at these byte offsets.
+EXPONENTS, EXPONENT_BYTES = (B, N, M), B * N * M
+BOUNDS_BYTES = BOUNDS_SIZE  # int8 codes
+INT8_BOUNDS_LAYOUT = dict(block_max=0, block_min=2 * BOUNDS_BYTES, block_exponent=4 * BOUNDS_BYTES,
+                          key=4 * BOUNDS_BYTES + 2 * EXPONENT_BYTES)
+FREE_EXPONENT_BYTES = INT8_BOUNDS_LAYOUT["key"] + B * N * D * 4
+INT8_BOUNDS_SHAPES = dict(block_max=(BOUNDS, np.int8), block_min=(BOUNDS, np.int8),
+                          block_exponent=(EXPONENTS, np.int8), key=((B, N, 1, D), np.float32))
+
+EXPONENT_OVERLAPS = {
+    "block_exponent_out one element past block_exponent": (
+        dict(block_exponent_out=INT8_BOUNDS_LAYOUT["block_exponent"] + 1),
+        r"QuestMetadata: output 'block_exponent_out' partly overlaps its input 'block_exponent'"),
+    "block_exponent_out over block_min": (
+        dict(block_exponent_out=INT8_BOUNDS_LAYOUT["block_min"] + 8),
+        r"QuestMetadata: output 'block_exponent_out' overlaps input 'block_min'"),
+    "block_exponent_out over the key": (
+        dict(block_exponent_out=INT8_BOUNDS_LAYOUT["key"]),
+        r"QuestMetadata: output 'block_exponent_out' overlaps input 'key'"),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPONENT_OVERLAPS))
+def test_overlapping_exponent_bindings_are_refused_before_anything_is_written(case):
+    bound, message = EXPONENT_OVERLAPS[case]
+    arena = np.random.default_rng(10).integers(0, 256, FREE_EXPONENT_BYTES + 2 * EXPONENT_BYTES, dtype=np.uint8)
+    inputs = {name: _carve_bytes(arena, INT8_BOUNDS_LAYOUT[name], *INT8_BOUNDS_SHAPES[name])
+              for name in INT8_BOUNDS_LAYOUT}
+    inputs["key"][...] = 1.0  # (the arena's random bytes as floats could be anything)
+    inputs["past_lens"] = np.array([33, 64], np.int32)
+    outputs = {name: _carve_bytes(arena, offset, EXPONENTS, np.int8) for name, offset in bound.items()}
+    session = make_session(op_model("QuestMetadata", inputs, dict(block_size=P),
+                                    outputs=("block_max_out", "block_min_out", "block_exponent_out")))
+    before = arena.copy()
+    with pytest.raises(Exception, match=message):
+        _bound_run(session, inputs, outputs)
     np.testing.assert_array_equal(arena, before)
 
 

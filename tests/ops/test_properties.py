@@ -20,11 +20,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from quest_ort.ops.reference import quest_metadata, sparse_block_attention, sparse_block_select
+from quest_ort.ops.reference.int8_bounds import NON_FINITE, dequantize
 from quest_ort.ops.reference.int8_rows import dequantize_rows, quantize_rows
+from quest_ort.ops.reference.quest_metadata import rounded_outward
 from quest_ort.ops.schemas import OPS_BY_NAME, TYPE_VARS
 from quest_ort.runtime.single_op import run_op
 from support.cases import SCALE_SPECIALS, SCALES, sprinkle_specials
 from support.driver_cases import outputs_of
+from support.impls import EACH_IMPLEMENTATION, run
 from support.tolerances import assert_close, assert_equal, assert_used_blocks_equal
 
 # (activation, cache): int8 caches keep float16 bounds (cases.INT8_DTYPES).
@@ -83,19 +86,29 @@ def calls(draw):
     importance = None
     if draw(st.booleans()):
         importance = np.round(rng.random((B, N, M)), 1).astype(np.float32)
+    # int8 block bounds, drawn last so that every earlier draw stays as it was: the same keys'
+    # metadata as codes and exponents (unused blocks any codes and exponents).
+    exponent = None
+    if draw(st.sampled_from((False, False, False, True))):
+        garbage = rng.integers(-128, 128, (B, N, M, D), dtype=np.int8)
+        block_max, block_min, exponent = quest_metadata(
+            held[:, :, : max(int(past.max()), 1)], garbage, garbage.copy(), np.zeros(B, np.int32), past,
+            rng.integers(-128, 128, (B, N, M), dtype=np.int8), block_size=P)
+    select = dict(top_k=draw(st.integers(1, M + 3)), sink_blocks=draw(st.integers(0, 3)),
+                  recent_blocks=draw(st.integers(0, 3)), group_reduce=draw(st.sampled_from(("mean", "max", "none"))),
+                  importance_fraction=draw(st.sampled_from((0.0, 0.25, 0.5, 1.0))),
+                  # the probe reads float key caches only, and needs float bounds
+                  score=draw(st.sampled_from(("bound",) if int8 else ("bound", "probe"))),
+                  num_probes=draw(st.integers(1, 9)))
+    if exponent is not None:
+        select["score"] = "bound"
     return dict(
         heads=(N * G, N), block_size=P, new_tokens=S, num_blocks=M, act=act, int8=int8,
         query=query, key=key, value=value,
         key_cache=key_cache, value_cache=value_cache, block_max=block_max, block_min=block_min,
         key_scale=scales.get("key_scale"), value_scale=scales.get("value_scale"),
         past_lens=past, total_lens=(past + valid).astype(np.int32) if explicit_total else None,
-        block_importance=importance,
-        select=dict(top_k=draw(st.integers(1, M + 3)), sink_blocks=draw(st.integers(0, 3)),
-                    recent_blocks=draw(st.integers(0, 3)), group_reduce=draw(st.sampled_from(("mean", "max", "none"))),
-                    importance_fraction=draw(st.sampled_from((0.0, 0.25, 0.5, 1.0))),
-                    # the probe reads float key caches only
-                    score=draw(st.sampled_from(("bound",) if int8 else ("bound", "probe"))),
-                    num_probes=draw(st.integers(1, 9))),
+        block_importance=importance, block_exponent=exponent, pattern=pattern, select=select,
     )
 
 
@@ -103,18 +116,19 @@ ATTENTION_INPUTS = ("query", "key", "value", "key_cache", "value_cache", "past_l
 
 
 def _metadata_args(call):
-    inputs = {k: call[k] for k in ("key", "block_max", "block_min", "past_lens", "total_lens")}
+    inputs = {k: call[k] for k in ("key", "block_max", "block_min", "past_lens", "total_lens", "block_exponent")}
     return inputs, dict(block_size=call["block_size"], **(dict(key_cache_type="int8") if call["int8"] else {}))
 
 
 def _select_args(call):
     inputs, attributes = _metadata_args(call)
-    block_max, block_min = quest_metadata(**inputs, **attributes)
+    block_max, block_min, *exponent = quest_metadata(**inputs, **attributes)
     H, N = call["heads"]
     probe = call["select"]["score"] == "probe"
     return (dict(query=call["query"], block_max=block_max, block_min=block_min, past_lens=call["past_lens"],
                  total_lens=call["total_lens"], block_importance=call["block_importance"],
-                 key_cache=call["key_cache"] if probe else None, key=call["key"] if probe else None),
+                 key_cache=call["key_cache"] if probe else None, key=call["key"] if probe else None,
+                 block_exponent=exponent[0] if exponent else None),
             dict(num_heads=H, kv_num_heads=N, block_size=call["block_size"], **call["select"]))
 
 
@@ -125,8 +139,81 @@ def test_metadata_agrees_with_the_reference(call):
     expected = quest_metadata(**inputs, **attributes)
     got = run_op("QuestMetadata", inputs, attributes)
     total = call["total_lens"] if call["total_lens"] is not None else call["past_lens"] + call["new_tokens"]
-    for name, want in zip(("block_max_out", "block_min_out"), expected):
-        assert_used_blocks_equal(got[name], want, total, call["block_size"], name)
+    for name, want in zip(outputs_of("QuestMetadata", inputs), expected, strict=True):
+        channels = (...,) if want.ndim == 4 else (..., None)  # an exponent as its block's one channel
+        assert_used_blocks_equal(got[name][channels], want[channels], total, call["block_size"], name)
+
+
+# ---- int8 block bounds, through every implementation ---------------------------------------
+# Fewer examples: the function bodies build a session per call.
+INT8_BOUNDS_SETTINGS = settings(PROPERTY_SETTINGS, max_examples=40)
+
+
+def _int8_bounds(call):
+    """Only calls with int8 bounds (a quarter of the draws)."""
+    return call["block_exponent"] is not None
+
+
+def _total(call):
+    return call["total_lens"] if call["total_lens"] is not None else call["past_lens"] + call["new_tokens"]
+
+
+@EACH_IMPLEMENTATION
+@INT8_BOUNDS_SETTINGS
+@given(call=calls().filter(_int8_bounds))
+def test_int8_bounds_hold_every_key(impl, call):
+    """The upper-bound property: every valid key, rounded outward to float16 (so also every value a
+    float16 or finer cache holds), lies within its block's dequantized bounds; a block with a
+    non-finite key is marked non-finite."""
+    inputs, attributes = _metadata_args(call)
+    got = run(impl, "QuestMetadata", inputs, attributes, outputs=outputs_of("QuestMetadata", inputs))
+    codes_max, codes_min, exponent = (got[name] for name in outputs_of("QuestMetadata", inputs))
+    hi, lo = dequantize(codes_max, exponent), dequantize(codes_min, exponent)
+    key = dequantize_rows(*quantize_rows(call["key"])) if call["int8"] else call["key"]
+    above, below = (bound.astype(np.float32) for bound in rounded_outward(key, np.float16))
+    past, P = call["past_lens"], call["block_size"]
+    for b in range(len(past)):
+        for i in range(int(_total(call)[b]) - int(past[b])):
+            m = (int(past[b]) + i) // P
+            bad = ~(np.isfinite(above[b, :, i]).all(-1) & np.isfinite(below[b, :, i]).all(-1))  # [N]
+            assert (exponent[b, bad, m] == NON_FINITE).all(), (b, i, "a non-finite key's block is not marked")
+            good = exponent[b, :, m] != NON_FINITE
+            assert (hi[b, good, m] >= above[b, good, i]).all() and (lo[b, good, m] <= below[b, good, i]).all(), (b, i)
+
+
+@EACH_IMPLEMENTATION
+@INT8_BOUNDS_SETTINGS
+@given(call=calls().filter(_int8_bounds), cuts=st.lists(st.integers(1, 8), max_size=4))
+def test_int8_bounds_do_not_depend_on_chunking(impl, call, cuts):
+    """A call's keys brought in chunks (each a call of its own, its lengths clipped to the chunk)
+    give the bits of one call: the reference defines it, and every implementation meets it."""
+    inputs, attributes = _metadata_args(call)
+    names = outputs_of("QuestMetadata", inputs)
+    whole = run(impl, "QuestMetadata", inputs, attributes, outputs=names)
+    S, past, total = call["new_tokens"], call["past_lens"], _total(call).astype(np.int32)
+    edges = sorted({0, S, *(cut for cut in np.cumsum(cuts) if cut < S)})
+    state = {name: inputs[name] for name in ("block_max", "block_min", "block_exponent")}
+    for start, end in zip(edges, edges[1:]):
+        chunk = dict(key=np.ascontiguousarray(call["key"][:, :, start:end]), past_lens=(past + start).astype(np.int32),
+                     total_lens=np.clip(total, past + start, past + end).astype(np.int32), **state)
+        got = run(impl, "QuestMetadata", chunk, attributes, outputs=names)
+        state = dict(zip(("block_max", "block_min", "block_exponent"), (got[name] for name in names)))
+    for name, array in zip(names, state.values()):
+        assert_equal(array, whole[name], name)
+
+
+@EACH_IMPLEMENTATION
+@INT8_BOUNDS_SETTINGS
+@given(call=calls().filter(lambda call: _int8_bounds(call) and call["pattern"] != "specials"))
+def test_int8_selection_is_the_selection_over_dequantized_bounds(impl, call):
+    """Scaling a score by a power of two is exact short of over- and underflow, which keys of plain
+    numbers never reach: the selection equals the one over the bounds dequantized to float32."""
+    inputs, attributes = _select_args(call)
+    got = run(impl, "SparseBlockSelect", inputs, attributes)["block_indices"]
+    exponent = inputs["block_exponent"]  # (unused blocks may hold any exponent: they are never eligible)
+    dequantized = {**inputs, "block_exponent": None, "block_max": dequantize(inputs["block_max"], exponent),
+                   "block_min": dequantize(inputs["block_min"], exponent)}
+    assert_equal(got, sparse_block_select(**dequantized, **attributes), "block_indices")
 
 
 @PROPERTY_SETTINGS
@@ -239,7 +326,13 @@ def malformed_calls(draw):
     elif kind in ("negative_length", "long_length"):
         name = draw(st.sampled_from(lengths))
         broken = inputs[name].copy()
-        bad = (-1, -7, -(2**31)) if kind == "negative_length" else (10**6, 2**31 - 1)
+        # Past the op's limit: C, or M * P (which may itself exceed int32 with P = 2^31 - 1: then
+        # no length is too long, and another call is drawn).
+        limit = (inputs["key_cache"].shape[2] if op_name == "SparseBlockAttention"
+                 else inputs["block_max"].shape[2] * call["block_size"])
+        if kind == "long_length" and limit >= 2**31 - 1:
+            return draw(malformed_calls())
+        bad = (-1, -7, -(2**31)) if kind == "negative_length" else (min(10**6, limit + 1), 2**31 - 1)
         broken[draw(st.integers(0, broken.size - 1))] = draw(st.sampled_from(bad))
         inputs[name] = broken
         names = ("past_lens", "total_lens")  # a long past_lens may first fail total_lens >= past_lens

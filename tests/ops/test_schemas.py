@@ -91,14 +91,41 @@ def test_int8_caches_and_their_scales_check_and_infer(t):
 
 
 @pytest.mark.parametrize("op_name", ["QuestMetadata", "SparseBlockSelect"])
-def test_the_checker_refuses_int8_bounds(op_name):
-    """int8 is a type of SparseBlockAttention's caches only."""
+@pytest.mark.parametrize("t", [F32, F16], ids=["f32", "f16"])
+def test_int8_bounds_and_their_exponents_check_and_infer(op_name, t):
+    """int8 bounds with int8 exponents [B, N, M]: QuestMetadata's outputs are int8 codes and exponents."""
+    register_schemas()
+    inputs = _inputs(t)[op_name]
+    B, N, M, _ = inputs["block_max"].shape
+    inputs.update(block_max=inputs["block_max"].astype(np.int8), block_min=inputs["block_min"].astype(np.int8),
+                  block_exponent=np.zeros((B, N, M), np.int8))
+    expected = {"SparseBlockSelect": {"block_indices": ([2, 2, 3, 4], np.int32)},
+                "QuestMetadata": {"block_max_out": ([2, 2, 7, 64], np.int8), "block_min_out": ([2, 2, 7, 64], np.int8),
+                                  "block_exponent_out": ([2, 2, 7], np.int8)}}[op_name]
+    model = op_model(op_name, inputs, ATTRIBUTES[op_name], outputs=tuple(expected), symbolic_dims=False)
+    model = _outputs_through_identity(model)
+    check_model(model)
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    values = {v.name: v for v in inferred.graph.value_info}
+    for name, (shape, dtype) in expected.items():
+        tensor_type = values[f"{name}_op"].type.tensor_type
+        assert [d.dim_value for d in tensor_type.shape.dim] == shape, name
+        assert onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type) == np.dtype(dtype), name
+
+
+@pytest.mark.parametrize("op_name", ["QuestMetadata", "SparseBlockSelect"])
+def test_the_checker_names_a_wrong_exponent(op_name):
+    """The exponents are int8 [B, N, M], whatever the bounds."""
     register_schemas()
     inputs = _inputs()[op_name]
-    inputs.update(block_max=inputs["block_max"].astype(np.int8), block_min=inputs["block_min"].astype(np.int8))
-    model = op_model(op_name, inputs, ATTRIBUTES[op_name], symbolic_dims=False)
-    with pytest.raises(Exception, match="input 'block_max' has element type int8"):
-        check_model(model)
+    B, N, M, _ = inputs["block_max"].shape
+    for exponent, words in ((np.zeros((B, N, M), np.int32), ["block_exponent", "int32"]),
+                            (np.zeros((B, N, M + 1), np.int8), ["'block_exponent' dim 2 (M)"])):
+        model = op_model(op_name, {**inputs, "block_exponent": exponent}, ATTRIBUTES[op_name], symbolic_dims=False)
+        with pytest.raises(Exception) as error:
+            check_model(model)
+        for word in words:
+            assert word in str(error.value)
 
 
 def _outputs_through_identity(model):

@@ -328,3 +328,42 @@ def test_probe_reads_evenly_spaced_keys_including_this_calls_new_ones(impl):
     assert _probe_select(impl, 19, past=40 - 5, new_tokens=5, num_probes=8) == [2, 4]  # every key probed
     # prefill (past = 0): the aligned key is one of this call's new keys
     assert _probe_select(impl, 12, past=0, new_tokens=40) == [1, 4]
+
+
+@EACH_IMPLEMENTATION
+def test_int8_bounds_quantize_on_a_power_of_two_grid(impl):
+    # Block 0 takes keys with largest magnitude 3: e = -5 (127 * 2^-5 = 3.97 >= 3 > 127 * 2^-6), so
+    # 1.0 -> max code 32, -3.0 -> min code -96, and 0.1 (in all four keys) rounds outward: ceil(3.2) = 4 and
+    # floor(float16(0.1) rounded down * 32) = 3. Block 1 holds a key past float16's range: e = 127,
+    # codes 0. The untouched blocks keep their input bits (here 5 and e = -2).
+    key = np.zeros((1, 1, 5, D), np.float32)
+    key[0, 0, :2, 0] = [1.0, -3.0]
+    key[0, 0, :4, 1] = 0.1
+    key[0, 0, 4, 2] = 7e4
+    inputs = dict(key=key, block_max=np.full((1, 1, M, D), 5, np.int8), block_min=np.full((1, 1, M, D), 5, np.int8),
+                  past_lens=np.zeros(1, np.int32), total_lens=None, block_exponent=np.full((1, 1, M), -2, np.int8))
+    got = run(impl, "QuestMetadata", inputs, dict(block_size=P),
+              outputs=("block_max_out", "block_min_out", "block_exponent_out"))
+    codes_max, codes_min, exponent = (got[name][0, 0] for name in
+                                      ("block_max_out", "block_min_out", "block_exponent_out"))
+    assert exponent.tolist() == [-5, 127] + [-2] * (M - 2)
+    assert codes_max[0, :3].tolist() == [32, 4, 0] and codes_min[0, :3].tolist() == [-96, 3, 0]
+    assert (codes_max[1] == 0).all() and (codes_min[1] == 0).all() and (codes_max[2:] == 5).all()
+
+
+@EACH_IMPLEMENTATION
+def test_int8_bounds_scale_each_block_score_by_its_power_of_two(impl):
+    # Codes of the float bounds' BOUNDS scaled by 2^4 (the same selection as they give), then block 2
+    # with the largest codes but e = -20 drops below everything, and block 5 with e = 127 (NaN) ranks last.
+    codes = np.array([9, 5, 7, 7, 3, 7, 1, 0], np.int8)
+    block_max = np.broadcast_to(codes[None, None, :, None], (1, 1, M, D)).astype(np.int8)
+    inputs = dict(query=np.full((1, 1, 1, D), 1 / D, np.float32), block_max=block_max, block_min=-block_max,
+                  past_lens=np.array([31], np.int32), block_exponent=np.full((1, 1, M), 4, np.int8))
+    attributes = dict(num_heads=1, kv_num_heads=1, block_size=P, top_k=4, sink_blocks=1, recent_blocks=1)
+    assert run(impl, "SparseBlockSelect", inputs, attributes)["block_indices"][0, 0].tolist() == [[0, 2, 3, 7]]
+    inputs["block_exponent"] = inputs["block_exponent"].copy()
+    inputs["block_exponent"][0, 0, [2, 5]] = [-20, 127]
+    # among 1..6: 7 * 16 @ 3, then 5 * 16 @ 1; then 3 * 16 @ 4, 1 * 16 @ 6, 7 * 2^-20 @ 2, NaN @ 5
+    assert run(impl, "SparseBlockSelect", inputs, attributes)["block_indices"][0, 0].tolist() == [[0, 1, 3, 7]]
+    assert run(impl, "SparseBlockSelect", inputs, {**attributes, "top_k": 7})["block_indices"][0, 0].tolist() == [
+        [0, 1, 2, 3, 4, 6, 7]]

@@ -208,6 +208,12 @@ INT8_DISAGREEMENTS = [
     ("float16 declared", lambda d: (d.pop("key_smoothing"), d.update(kv_dtype="float16")),
      ["layers[0]", "scale", "'float16'"]),
     ("a scale left out", lambda d: _layers(d)[2].pop("past_value_scale"), ["layers[2]", "scale", "'int8'"]),
+    # int8 caches come with int8 block bounds, whose per-block exponents are caches too
+    ("exponents swapped between layers",
+     lambda d: _swap(_layers(d), (1, "past_block_exponent"), (2, "past_block_exponent")),
+     ["layers[1].past_block_exponent", "'past_block_exponent.2'", "'past_block_exponent.1'"]),
+    ("an exponent left out", lambda d: _layers(d)[2].pop("present_block_exponent"), ["layers[2]", "exponent", "int8"]),
+    ("float16 bounds declared", lambda d: d.update(bounds_dtype="float16"), ["layers[1]", "exponent", "'float16'"]),
 ]
 
 

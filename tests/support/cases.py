@@ -13,6 +13,7 @@ import functools
 import numpy as np
 
 from quest_ort.ops.reference import quest_metadata, sparse_block_select
+from quest_ort.ops.reference.int8_bounds import LOWEST, NON_FINITE
 from quest_ort.ops.reference.int8_rows import NAN_SCALE, dequantize_rows, quantize_rows
 
 HEAD_LAYOUTS = ((4, 4), (8, 2), (14, 2), (32, 8))
@@ -28,6 +29,12 @@ DTYPES = (("float32", "float32"), ("float16", "float16"), ("float32", "float16")
 # SparseBlockAttention's int8 caches (row-wise int8 and a float16 scale); their block bounds are
 # float16, as the exporter keeps them. Drawn after the float pairs (_covering_cases).
 INT8_DTYPES = (("float32", "int8"), ("float16", "int8"))
+# The block bounds: the cache's own float type (float16 next to int8 caches), or int8 codes with a
+# per-block exponent (docs/ops.md, int8 block bounds). Each int8-bound case takes one of these
+# pairs, drawn after the float bounds' cases (_covering_cases): float32 keys (rounded outward to
+# float16 first), float16 keys (exact), keys as an int8 cache holds them.
+BOUNDS = ("cache", "int8")
+INT8_BOUNDS_DTYPES = (("float32", "float32"), ("float16", "float16"), ("float32", "int8"))
 BATCHES = (1, 3)
 # exact_lens: absent, 0 (given, nothing exact), every query of the call, or its first half.
 EXACT = ("none", "none", "zero", "all", "half")
@@ -74,14 +81,22 @@ class Case:
     num_probes: int
     dtypes: tuple[str, str]
     exact: str
+    bounds: str = "cache"  # BOUNDS; a default, so that the float bounds' cases are built as before
 
     @property
     def int8(self) -> bool:
-        """int8 KV caches (with row scales), bounded by float16 metadata."""
+        """int8 KV caches (with row scales), bounded by float16 metadata unless the bounds are int8."""
         return self.dtypes[1] == "int8"
 
+    @property
+    def int8_bounds(self) -> bool:
+        """int8 block bounds with their per-block exponents."""
+        return self.bounds == "int8"
+
     def bounds_dtype(self) -> np.dtype:
-        """The block bounds' dtype: the cache's own, float16 next to int8 caches."""
+        """The block bounds' dtype: int8 codes, or the cache's own, float16 next to int8 caches."""
+        if self.int8_bounds:
+            return np.dtype(np.int8)
         return np.dtype(np.float16 if self.int8 else self.dtypes[1])
 
     @property
@@ -94,7 +109,7 @@ class Case:
             f"{'-imp' if self.importance else ''}{'-eq' if self.equal_scores else ''}"
             f"{f'-probe{self.num_probes}' if self.score == 'probe' else ''}"
             f"-{short[self.dtypes[0]]}{short[self.dtypes[1]]}"
-            f"{'' if self.exact == 'none' else '-x' + self.exact}"
+            f"{'' if self.exact == 'none' else '-x' + self.exact}{'-b8' if self.int8_bounds else ''}"
         )
 
     def past_lens(self) -> np.ndarray:
@@ -158,10 +173,11 @@ def _covering_cases(seed: int = 7) -> list[Case]:
     Cases whose ranking decides part of the selection are preferred; the others are taken only for
     values that cannot rank (a budget above the eligible blocks) once the draws run long. The float
     dtype pairs are drawn first, as before int8 caches existed, so those cases stay the same; the
-    int8 pairs then get a case each (_int8_cases).
+    int8 pairs then get a case each (_int8_cases), and then int8 bounds (_int8_bounds_cases).
     """
     cases = _draw({**AXES, "dtypes": DTYPES}, np.random.default_rng(seed), EXTRA_CASES)
-    return cases + _int8_cases(np.random.default_rng(seed + 1))
+    cases += _int8_cases(np.random.default_rng(seed + 1))
+    return cases + _int8_bounds_cases(np.random.default_rng(seed + 2))
 
 
 # Where int8 rows take paths of their own in the SIMD kernels, which the int8 cases should reach.
@@ -175,24 +191,50 @@ INT8_PATHS = {
 }
 
 
+# What int8 bounds change, which the int8-bound cases should reach: the exponent's product after
+# each group reduction, and codes dequantized, merged and quantized again by a call that adds keys
+# to a block an earlier call began.
+INT8_BOUNDS_PATHS = {
+    "the mean query": lambda case: case.reduce == "mean" and case.heads[0] > case.heads[1],
+    "the max over a group's heads": lambda case: case.reduce == "max" and case.heads[0] > case.heads[1],
+    "per-head rows": lambda case: case.reduce == "none" and case.heads[0] > case.heads[1],
+    "a block begun by an earlier call": lambda case: case.cached in ("1", "P-1", "P+1", "2P-1", "~1000"),
+    "decode": lambda case: case.new_tokens == 1,
+    "a prefill over several blocks": lambda case: case.new_tokens == 64,
+    "importance": lambda case: case.importance,
+}
+
+
 def _int8_cases(rng, draws: int = 1000) -> list[Case]:
-    """One case per int8 dtype pair: of `draws` random ranking cases within the budget, the first
-    that reaches the most INT8_PATHS the earlier int8 cases missed. Never score='probe': the probe
-    reads float key caches only (its refusal of int8 is a bad input, tests/ops/test_bad_inputs.py)."""
+    """One case per int8 cache dtype pair: of `draws` random ranking cases within the budget, the
+    first that reaches the most INT8_PATHS the earlier int8 cases missed. Never score='probe': the
+    probe reads float key caches only (its refusal of int8 is a bad input, tests/ops/test_bad_inputs.py)."""
+    return _reaching_cases(rng, INT8_DTYPES, INT8_PATHS, draws)
+
+
+def _int8_bounds_cases(rng, draws: int = 1000) -> list[Case]:
+    """One int8-bound case per pair of INT8_BOUNDS_DTYPES, reaching INT8_BOUNDS_PATHS as _int8_cases
+    does INT8_PATHS (never score='probe' either: it refuses int8 bounds)."""
+    return _reaching_cases(rng, INT8_BOUNDS_DTYPES, INT8_BOUNDS_PATHS, draws, bounds="int8")
+
+
+def _reaching_cases(rng, pairs, paths, draws: int, **fixed) -> list[Case]:
+    """One case per dtype pair (with the `fixed` fields): of `draws` random bound-scored ranking cases
+    within the budget, the first that reaches the most `paths` the earlier ones missed."""
     axes = {**AXES, "score": ("bound",)}
-    cases, missed = [], set(INT8_PATHS)
-    for dtypes in INT8_DTYPES:
+    cases, missed = [], set(paths)
+    for dtypes in pairs:
         best, reached = None, -1
         for _ in range(draws):
             choice = {axis: values[rng.integers(len(values))] for axis, values in axes.items()}
-            case = Case(**{**choice, "dtypes": dtypes})
+            case = Case(**{**choice, "dtypes": dtypes, **fixed})
             if case.body_cost() > BODY_BUDGET or not case.ranks_blocks():
                 continue
-            gain = sum(INT8_PATHS[path](case) for path in missed)
+            gain = sum(paths[path](case) for path in missed)
             if gain > reached:
                 best, reached = case, gain
         cases.append(best)
-        missed = {path for path in missed if not INT8_PATHS[path](best)}
+        missed = {path for path in missed if not paths[path](best)}
     return cases
 
 
@@ -269,6 +311,7 @@ class CaseData:
     exact_lens: np.ndarray | None
     key_scale: np.ndarray | None = None  # int8 caches: each row's float16 scale [B, N, C]
     value_scale: np.ndarray | None = None
+    block_exponent: np.ndarray | None = None  # int8 bounds: each block's exponent [B, N, M], before the call
 
 
 def make_data(case: Case, seed: int = 0) -> CaseData:
@@ -291,12 +334,16 @@ def make_data(case: Case, seed: int = 0) -> CaseData:
         key_cache, scales["key_scale"] = quantize_rows(key_cache)
         value_cache, scales["value_scale"] = quantize_rows(value_cache)
     # Metadata of the cached keys (as the cache holds them), built by the reference as a prefill
-    # would; unused blocks garbage.
-    garbage = _normal(rng, (B, N, M, D), bounds)
+    # would; unused blocks garbage (int8 bounds: any codes, exponents of every kind but 127).
+    if case.int8_bounds:
+        garbage = rng.integers(-128, 128, (B, N, M, D), dtype=np.int8)
+        exponent = {"block_exponent": rng.integers(-128, NON_FINITE, (B, N, M), dtype=np.int8)}
+    else:
+        garbage, exponent = _normal(rng, (B, N, M, D), bounds), {}
     held = dequantize_rows(key_cache, scales["key_scale"]) if case.int8 else key_cache
     cached = held[:, :, : max(int(past.max()), 1)]
-    block_max, block_min = quest_metadata(
-        cached, garbage, garbage.copy(), np.zeros(B, np.int32), past, block_size=case.block_size
+    block_max, block_min, *made = quest_metadata(
+        cached, garbage, garbage.copy(), np.zeros(B, np.int32), past, block_size=case.block_size, **exponent
     )
     importance = None
     if case.importance:
@@ -316,13 +363,14 @@ def make_data(case: Case, seed: int = 0) -> CaseData:
         block_importance=importance,
         exact_lens=case.exact_lens(),
         **scales,
+        block_exponent=made[0] if made else None,
     )
 
 
 def metadata_args(data: CaseData) -> tuple[dict, dict]:
     """The new keys into the bounds; next to int8 caches, each key as the int8 cache will hold it."""
     inputs = dict(key=data.key, block_max=data.block_max, block_min=data.block_min,
-                  past_lens=data.past_lens, total_lens=data.total_lens)
+                  past_lens=data.past_lens, total_lens=data.total_lens, block_exponent=data.block_exponent)
     int8 = dict(key_cache_type="int8") if data.case.int8 else {}
     return inputs, dict(block_size=data.case.block_size, **int8)
 
@@ -338,13 +386,13 @@ def select_attributes(case: Case) -> dict:
 def select_args(data: CaseData) -> tuple[dict, dict]:
     """Select runs on the metadata after this call's update, as in a layer."""
     inputs, attributes = metadata_args(data)
-    block_max, block_min = quest_metadata(**inputs, **attributes)
+    block_max, block_min, *exponent = quest_metadata(**inputs, **attributes)
     probe = data.case.score == "probe"
     return (
         dict(query=data.query, block_max=block_max, block_min=block_min, past_lens=data.past_lens,
              total_lens=data.total_lens, block_importance=data.block_importance,
              key_cache=data.key_cache if probe else None, key=data.key if probe else None,
-             exact_lens=data.exact_lens),
+             exact_lens=data.exact_lens, block_exponent=exponent[0] if exponent else None),
         select_attributes(data.case),
     )
 
@@ -385,6 +433,13 @@ SPECIALS = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 3e-8, 6
 # subnormal and its largest value. (Its int8 values are all plain numbers.)
 SCALE_SPECIALS = np.array([NAN_SCALE, 0.0, 2.0**-24, 65504.0], np.float16)
 SCALES = ("key_scale", "value_scale")
+# int8 bounds' specials: exponents whose 2^e is subnormal (-128, -127), the least QuestMetadata
+# writes, 0, the largest float16 keys give (10), the largest any finite bound gives (122), the
+# largest finite 2^e (126, where codes past 1 overflow) and the non-finite block's 127; and codes at
+# the int8 range's ends, -128 included, which QuestMetadata never writes but an input may hold.
+EXPONENT_SPECIALS = np.array([-128, -127, LOWEST, 0, 10, 122, 126, NON_FINITE], np.int8)
+CODE_SPECIALS = np.array([-128, -127, -1, 0, 1, 127], np.int8)
+INT8_SPECIALS = {"block_exponent": EXPONENT_SPECIALS, "block_max": CODE_SPECIALS, "block_min": CODE_SPECIALS}
 
 
 def sprinkle_specials(array, rng, fraction=0.003, specials=SPECIALS):
@@ -400,12 +455,18 @@ def sprinkle_specials(array, rng, fraction=0.003, specials=SPECIALS):
 
 def with_specials(inputs: dict, seed: int = 11) -> dict:
     """The inputs with about 0.3% (at least one) of each floating array's elements replaced by
-    SPECIALS, of an int8 cache's scales by SCALE_SPECIALS (block_importance aside: it is not a
-    number the model makes)."""
+    SPECIALS, of an int8 cache's scales by SCALE_SPECIALS, of int8 bounds' codes and exponents by
+    INT8_SPECIALS (block_importance aside: it is not a number the model makes; an int8 cache's
+    values are all plain numbers)."""
     rng = np.random.default_rng(seed)
     out = dict(inputs)
     for name, array in inputs.items():
-        if isinstance(array, np.ndarray) and array.dtype.kind == "f" and name != "block_importance":
+        if not isinstance(array, np.ndarray) or name == "block_importance":
+            continue
+        if array.dtype.kind == "f":
             out[name] = array.copy()
             sprinkle_specials(out[name], rng, specials=SCALE_SPECIALS if name in SCALES else SPECIALS)
+        elif array.dtype == np.int8 and name in INT8_SPECIALS:
+            out[name] = array.copy()
+            sprinkle_specials(out[name], rng, specials=INT8_SPECIALS[name])
     return out

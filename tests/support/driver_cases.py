@@ -17,11 +17,17 @@ OUTPUTS = {
     "SparseBlockAttention": ("output", "key_cache_out", "value_cache_out", "block_importance"),
 }
 SCALE_OUTPUTS = ("key_scale_out", "value_scale_out")  # SparseBlockAttention's, with int8 caches only
+EXPONENT_OUTPUTS = ("block_exponent_out",)  # QuestMetadata's, with int8 bounds only
+# The outputs a call has only with an input of its own: (input, outputs) per op.
+EXTRA_OUTPUTS = {"SparseBlockAttention": ("key_scale", SCALE_OUTPUTS),
+                 "QuestMetadata": ("block_exponent", EXPONENT_OUTPUTS)}
 
 
 def outputs_of(op_name: str, inputs: dict) -> tuple[str, ...]:
-    """The outputs of a call, in the reference's order: OUTPUTS, and the scales with int8 caches."""
-    return OUTPUTS[op_name] + (SCALE_OUTPUTS if inputs.get("key_scale") is not None else ())
+    """The outputs of a call, in the reference's order: OUTPUTS, and the scales with int8 caches, the
+    exponents with int8 bounds."""
+    given, extra = EXTRA_OUTPUTS.get(op_name, (None, ()))
+    return OUTPUTS[op_name] + (extra if given is not None and inputs.get(given) is not None else ())
 
 
 def write_case(directory: pathlib.Path, op_name, inputs, attributes, case, total_lens, **extra):

@@ -49,17 +49,18 @@ def tiny_model(family: str) -> TinyModel:
 @functools.cache
 def quest_export(family: str, top_k: int, block_size: int = 16, kv_dtype: str = "float32",
                  dense_layers: tuple[int, ...] = (0,), score: str = "bound",
-                 importance_fraction: float = 0.0, attention: str = "quest", group_reduce: str = "mean") -> pathlib.Path:
+                 importance_fraction: float = 0.0, attention: str = "quest", group_reduce: str = "mean",
+                 bounds_dtype: str | None = None) -> pathlib.Path:
     """The tiny model exported once per setting (`attention="gqa"`: the dense GroupQueryAttention
     baseline)."""
     tiny = tiny_model(family)
     output = _ROOT / (f"{family}-{attention}-k{top_k}-p{block_size}-{kv_dtype}-d{'_'.join(map(str, dense_layers))}"
-                      f"-{score}-i{importance_fraction}-{group_reduce}")
+                      f"-{score}-i{importance_fraction}-{group_reduce}" + (f"-b{bounds_dtype}" if bounds_dtype else ""))
     if (output / "quest_model.json").is_file():  # the same setting spelled with other arguments
         return output
     settings = SparseSettings(top_k=top_k, block_size=block_size, dense_layers=dense_layers, kv_dtype=kv_dtype,
                               score=score, importance_fraction=importance_fraction, attention=attention,
-                              group_reduce=group_reduce)
+                              group_reduce=group_reduce, bounds_dtype=bounds_dtype)
     export_sparse(family, output=output, settings=settings, model=str(tiny.checkpoint), capacity=512,
                   log=lambda *a, **k: None)
     return output

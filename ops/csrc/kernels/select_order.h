@@ -270,6 +270,7 @@ struct SelectItem {
   const float* importance;  // [M] or null
   const TC* kmax;           // [M, D]
   const TC* kmin;           // [M, D]
+  const int8_t* exponent;   // [M] with int8 bounds (a bound is code * 2^e), else null
 };
 
 // The CPU kernels' walk over items [begin, end): per item, per query i, its output rows (own head
@@ -285,7 +286,8 @@ void for_each_select_row(const SparseBlockSelectParams& prm, int64_t begin, int6
     const SelectItem<TC> item{index, b, index % prm.kv_heads, prm.past_lens[b], prm.total_lens[b],
                               prm.block_importance ? prm.block_importance + index * M : nullptr,
                               static_cast<const TC*>(prm.block_max) + index * M * D,
-                              static_cast<const TC*>(prm.block_min) + index * M * D};
+                              static_cast<const TC*>(prm.block_min) + index * M * D,
+                              prm.block_exponent ? prm.block_exponent + index * M : nullptr};
     for (int64_t i = 0; i < S; ++i) {
       const int64_t p = item.past + i;
       for (int64_t own = 0; own < selections; ++own) {

@@ -27,6 +27,7 @@ struct SparseBlockSelectParams {
   const void* query = nullptr;      // [B, H, S, D] query_type
   const void* block_max = nullptr;  // [B, N, M, D] cache_type
   const void* block_min = nullptr;  // [B, N, M, D] cache_type
+  const int8_t* block_exponent = nullptr;  // [B, N, M] with int8 bounds (cache_type I8), else null
   const void* key_cache = nullptr;  // [B, N, C, D] cache_type: the cache before this call (probe only)
   const void* key = nullptr;        // [B, N, S, D] query_type: this call's new keys (probe only)
   int32_t* block_indices = nullptr;  // [B, R, S, K] output: R = N, or H with GroupReduce::None

@@ -7,7 +7,8 @@
 
 namespace quest {
 
-// I8 is a cache type only: SparseBlockAttention's int8 caches (int8_rows.h), never an activation.
+// I8 is a cache type only: SparseBlockAttention's int8 caches (int8_rows.h) and the int8 block
+// bounds of QuestMetadata and SparseBlockSelect (int8_bounds.h), never an activation.
 enum class DType { F32, F16, I8 };
 
 // Calls fn.template operator()<T>() with T = float or Half for a runtime dtype.
@@ -27,8 +28,8 @@ inline void with_dtypes(DType activation, DType cache, Fn&& fn) {
   });
 }
 
-// Calls fn.template operator()<T, TC>() for an activation dtype and a KV cache dtype that may also
-// be int8 (SparseBlockAttention's caches).
+// Calls fn.template operator()<T, TC>() for an activation dtype and a cache or bounds dtype that may
+// also be int8 (SparseBlockAttention's caches, the other ops' block bounds).
 template <typename Fn>
 inline void with_cache_dtypes(DType activation, DType cache, Fn&& fn) {
   if (cache == DType::I8)

@@ -186,9 +186,11 @@ BoundInputs::BoundInputs(const schema::OpSchema& op, OrtKernelContext* context, 
     const std::string where = std::string("input '") + spec.name + "'";
     switch (spec.elem) {
       case schema::Elem::Int32:
+      case schema::Elem::Int8:
       case schema::Elem::Float32:
       case schema::Elem::Float16: {
         const auto want = spec.elem == schema::Elem::Int32     ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
+                          : spec.elem == schema::Elem::Int8    ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8
                           : spec.elem == schema::Elem::Float32 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
                                                                : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
         if (type != want) fail(where + " has element type " + elem_name(type) + "; expected " + elem_name(want));
@@ -270,6 +272,21 @@ std::vector<int32_t> resolve_total_lens(const BoundInputs& in, int past_index, i
   return total;
 }
 
+void check_block_exponent(const BoundInputs& in, int input, int output, const std::vector<bool>& outputs) {
+  const bool int8 = in.cache_type() == DType::I8;
+  const std::string name = in.op().inputs[input].name;
+  if (int8 && !in[input].present())
+    in.fail("input '" + name + "' is required with int8 bounds (each block's power of two: a bound is code * 2^e)");
+  if (!int8 && in[input].present())
+    in.fail("input '" + name + "' is given, but the bounds are " + dtype_name(in.cache_type()) +
+            ": exponents belong to int8 bounds only");
+  if (output == kNoOutput) return;
+  const std::string output_name = in.op().outputs[output].name;
+  const bool bound = static_cast<size_t>(output) < outputs.size() && outputs[output];
+  if (int8 && !bound) in.fail("output '" + output_name + "' is required with int8 bounds (the blocks' new exponents)");
+  if (!int8 && bound) in.fail("output '" + output_name + "' is bound, but the bounds are not int8: leave it out");
+}
+
 const int32_t* check_exact_lens(const BoundInputs& in, int exact_index, const std::vector<int32_t>& total) {
   if (!in[exact_index].present()) return nullptr;
   const int32_t* exact = in[exact_index].as<int32_t>();
@@ -302,6 +319,7 @@ size_t BoundInputs::byte_size(const schema::TensorSpec& spec, const std::vector<
   size_t bytes = spec.elem == schema::Elem::T       ? element_size(activation_type())
                  : spec.elem == schema::Elem::TC      ? element_size(cache_type())
                  : spec.elem == schema::Elem::Float16 ? 2
+                 : spec.elem == schema::Elem::Int8    ? 1
                                                       : 4;  // int32, float32
   // Zero first: the other dims of an empty tensor may multiply past size_t (2^31 - 1 heads at S = 0).
   for (int64_t extent : shape)

@@ -82,6 +82,13 @@ class BoundInputs {
 std::vector<int32_t> resolve_total_lens(const BoundInputs& in, int past_index, int total_index,
                                         int64_t new_tokens, int64_t limit, const char* limit_name);
 
+// int8 block bounds come with their exponents, float bounds with none: input `input`
+// (block_exponent) is required with TC = int8 and refused otherwise, and so is output `output`
+// (QuestMetadata's block_exponent_out; kNoOutput for an op without it) when the node has it.
+inline constexpr int kNoOutput = -1;
+void check_block_exponent(const BoundInputs& in, int input, int output = kNoOutput,
+                          const std::vector<bool>& outputs = {});
+
 // Validates the optional exact_lens (0 <= exact_lens[b] <= total[b], the resolved total_lens);
 // returns its data, or null when it is absent.
 const int32_t* check_exact_lens(const BoundInputs& in, int exact_index, const std::vector<int32_t>& total);
@@ -175,6 +182,7 @@ struct QuestCustomOp : Ort::CustomOpBase<QuestCustomOp<Kernel, Placement>, Kerne
       case schema::Elem::T: return activation_;
       case schema::Elem::TC: return cache_;
       case schema::Elem::Int32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+      case schema::Elem::Int8: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
       case schema::Elem::Float32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
       case schema::Elem::Float16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     }

@@ -21,6 +21,7 @@ class QuestMetadataKernel : public KernelBase<QuestMetadataKernel> {
 
  private:
   Attributes attributes_;
+  std::vector<bool> outputs_;  // which outputs the node has (block_exponent_out is optional)
 };
 
 class SparseBlockSelectKernel : public KernelBase<SparseBlockSelectKernel> {

@@ -5,7 +5,7 @@
 
 namespace quest::schema {
 
-enum class Elem { T, TC, Int32, Float32, Float16 };
+enum class Elem { T, TC, Int32, Int8, Float32, Float16 };
 enum class AttrKind { Int, Float, String };
 
 struct TensorSpec {
@@ -60,7 +60,7 @@ struct OpSchema {
   int num_symbol_attrs;
   const DerivedSpec* derived;
   int num_derived;
-  bool int8_cache;  // TC may also be int8 (SparseBlockAttention's quantized caches)
+  bool int8_cache;  // TC may also be int8 (SparseBlockAttention's quantized caches, the others' int8 block bounds)
 };
 
 }  // namespace quest::schema

@@ -19,6 +19,9 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
   const std::vector<int32_t> total =
       resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
   const bool probe = attributes_.get_string("score") == "probe";
+  check_block_exponent(in, io::in::block_exponent);
+  if (probe && in.cache_type() == DType::I8)  // the probe reads key_cache, which shares TC with the bounds
+    in.fail("score='probe' needs float bounds (its key_cache shares their type); got int8 bounds");
   if (probe) {
     if (!in[io::in::key_cache].present() || !in[io::in::key].present())
       in.fail("score='probe' needs the inputs 'key_cache' and 'key'");
@@ -56,6 +59,7 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
   params.query = in[io::in::query].data;
   params.block_max = in[io::in::block_max].data;
   params.block_min = in[io::in::block_min].data;
+  params.block_exponent = in[io::in::block_exponent].as<int8_t>();
   params.block_indices = indices;
   const SparseBlockSelectFn kernel = active_kernels().sparse_block_select;
   parallel_for(context, B * N, [&](int64_t item) { kernel(params, item, item + 1); });

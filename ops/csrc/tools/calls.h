@@ -22,6 +22,12 @@ inline const int32_t* lens_or_null(const std::vector<char>& lens) {
   return lens.empty() ? nullptr : reinterpret_cast<const int32_t*>(lens.data());
 }
 
+// block_exponent.bin [B, N, M] of int8 block bounds (TC int8: QuestMetadata's and SparseBlockSelect's
+// bounds), else empty (the params get null).
+inline std::vector<char> read_block_exponent(const Case& c, DType bounds, int64_t blocks) {
+  return bounds == DType::I8 ? c.read("block_exponent", static_cast<size_t>(blocks)) : std::vector<char>();
+}
+
 // run_<op>(case, variant, run): builds the op's params from the case, calls run(params), then
 // writes the outputs as <variant>.<output>.bin.
 template <typename Run>
@@ -32,15 +38,18 @@ void run_metadata(const Case& c, const std::string& variant, Run&& run) {
   auto block_max = c.read("block_max", bytes_of(TC, B * N * M * D));
   auto block_min = c.read("block_min", bytes_of(TC, B * N * M * D));
   auto past = c.read("past_lens", 4 * B), total = c.read("total_lens", 4 * B);
+  auto exponent = read_block_exponent(c, TC, B * N * M);
   QuestMetadataParams p;
   p.batch = B, p.kv_heads = N, p.new_tokens = S, p.head_dim = D, p.num_blocks = M, p.block_size = c.integer("P");
   p.past_lens = reinterpret_cast<const int32_t*>(past.data());
   p.total_lens = reinterpret_cast<const int32_t*>(total.data());
   p.key_type = T, p.cache_type = TC, p.key = key.data(), p.block_max = block_max.data(), p.block_min = block_min.data();
+  p.block_exponent = exponent.empty() ? nullptr : reinterpret_cast<int8_t*>(exponent.data());
   p.int8_keys = c.has("key_cache_type") && c.text("key_cache_type") == "int8";
   run(p);
   c.write(variant, "block_max_out", block_max.data(), block_max.size());
   c.write(variant, "block_min_out", block_min.data(), block_min.size());
+  if (!exponent.empty()) c.write(variant, "block_exponent_out", exponent.data(), exponent.size());
 }
 
 template <typename Run>
@@ -52,6 +61,7 @@ void run_select(const Case& c, const std::string& variant, Run&& run) {
   auto block_max = c.read("block_max", bytes_of(TC, B * N * M * D));
   auto block_min = c.read("block_min", bytes_of(TC, B * N * M * D));
   auto past = c.read("past_lens", 4 * B), total = c.read("total_lens", 4 * B);
+  const std::vector<char> exponent = read_block_exponent(c, TC, B * N * M);
   std::vector<char> importance;
   if (c.integer("with_importance")) importance = c.read("block_importance", 4 * B * N * M);
   std::vector<int32_t> indices(B * c.integer("R") * S * K);
@@ -80,6 +90,7 @@ void run_select(const Case& c, const std::string& variant, Run&& run) {
   p.exact_lens = lens_or_null(exact);
   p.query_type = T, p.cache_type = TC, p.query = query.data(), p.block_max = block_max.data();
   p.block_min = block_min.data(), p.block_indices = indices.data();
+  p.block_exponent = exponent.empty() ? nullptr : reinterpret_cast<const int8_t*>(exponent.data());
   run(p);
   c.write(variant, "block_indices", indices.data(), indices.size() * 4);
 }

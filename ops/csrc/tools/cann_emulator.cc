@@ -44,6 +44,9 @@ int main(int argc, char** argv) {
     if (c.has("npu_ub_bytes")) npu.ub_bytes = c.integer("npu_ub_bytes");
     if (c.has("npu_candidate_ub_divisor")) npu.candidate_ub_divisor = c.integer("npu_candidate_ub_divisor");
     const std::string op = c.text("op");
+    // As the CANN op library (cann/ort/cann_ops.cc): int8 block bounds have no NPU kernel.
+    if ((op == "QuestMetadata" || op == "SparseBlockSelect") && c.dtype("TC") == quest::DType::I8)
+      return unsupported("int8 block bounds are not supported on CANN: its kernels take float bounds only");
     if (op == "QuestMetadata") {
       // As the CANN QuestMetadata kernel (cann/ort/cann_ops.cc): its bounds are of the keys as given.
       if (c.has("key_cache_type") && c.text("key_cache_type") != "float")

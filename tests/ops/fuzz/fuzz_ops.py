@@ -91,7 +91,7 @@ def _plausible_ints(fdp, name: str, shape, dims: dict, earlier: dict) -> np.ndar
 
 def _tensor(fdp, tensor, dims: dict, type_vars: dict, earlier: dict, cache_types=FLOATS):
     """An array for `tensor`, usually agreeing with earlier dims and types, sometimes not.
-    `cache_types`: what the op's TC may be (int8 too for SparseBlockAttention's caches)."""
+    `cache_types`: what the op's TC may be (int8 too: SparseBlockAttention's caches, the other ops' bounds)."""
     rank = len(tensor.dims) if fdp.ConsumeProbability() < 0.9 else fdp.ConsumeIntInRange(0, 5)
     shape = []
     for axis in range(rank):
@@ -115,13 +115,15 @@ def _tensor(fdp, tensor, dims: dict, type_vars: dict, earlier: dict, cache_types
     if tensor.elem in ("float32", "float16"):  # fixed types (float16: an int8 cache's scales)
         own = np.dtype(tensor.elem).type
         dtype = own if fdp.ConsumeProbability() < 0.95 else FLOATS[1 - FLOATS.index(own)]
+    elif tensor.elem == "int8":  # int8 bounds' exponents: any int8 is defined, 127 (non-finite) included
+        dtype = np.int8 if fdp.ConsumeProbability() < 0.95 else FOREIGN[fdp.ConsumeIntInRange(0, 3)]
     else:
         if tensor.elem not in type_vars or fdp.ConsumeProbability() < 0.05:
             types = cache_types if tensor.elem == "TC" else FLOATS
             type_vars.setdefault(tensor.elem, types[fdp.ConsumeIntInRange(0, len(types) - 1)])
         dtype = type_vars[tensor.elem] if fdp.ConsumeProbability() < 0.95 else FOREIGN[fdp.ConsumeIntInRange(0, 3)]
     rng = np.random.default_rng(fdp.ConsumeIntInRange(0, 1000))
-    if np.dtype(dtype) == np.int8:  # an int8 cache's values: any of them
+    if np.dtype(dtype) == np.int8:  # an int8 cache's values, int8 bounds' codes and exponents: any of them
         return rng.integers(-128, 128, shape, dtype=np.int8)
     values = rng.standard_normal(shape).astype(np.float32)
     if fdp.ConsumeProbability() > 0.9:
@@ -129,14 +131,15 @@ def _tensor(fdp, tensor, dims: dict, type_vars: dict, earlier: dict, cache_types
     return values.astype(dtype)
 
 
-# An int8 cache's scales, inputs and outputs: given mostly with int8 caches (so that calls reach
-# the int8 kernels) and seldom with float ones (the refusal).
-SCALES = {"key_scale", "value_scale", "key_scale_out", "value_scale_out"}
+# An int8 cache's scales and int8 bounds' exponents, inputs and outputs: given mostly with int8
+# caches or bounds (so that calls reach the int8 kernels; left out, the refusal) and seldom with
+# float ones (the refusal).
+INT8_ONLY = {"key_scale", "value_scale", "key_scale_out", "value_scale_out", "block_exponent", "block_exponent_out"}
 
 
 def _given(fdp, name: str, type_vars: dict) -> bool:
     """Whether an optional input or output is given."""
-    if name in SCALES:
+    if name in INT8_ONLY:
         return fdp.ConsumeProbability() < (0.9 if type_vars.get("TC") is np.int8 else 0.1)
     return fdp.ConsumeBool()
 

@@ -106,9 +106,17 @@ void prepare_in_place_npu(const TensorArg& input, void* output, const BoundInput
             "copying a cache into its output");
 }
 
+// The AscendC metadata and select kernels take float bounds only (only float pairs are registered
+// here, so ORT leaves int8 bounds to the CPU op); refused here too, before elem() could read them
+// as float16.
+void refuse_int8_bounds(const BoundInputs& in) {
+  if (in.cache_type() == DType::I8)
+    in.fail("int8 block bounds are not supported on CANN: its kernels take float bounds only");
+}
+
 class CannMetadataKernel : public KernelBase<CannMetadataKernel> {
  public:
-  explicit CannMetadataKernel(const OrtKernelInfo* info) : attributes_(schema(), info) {
+  explicit CannMetadataKernel(const OrtKernelInfo* info) : attributes_(schema(), info), outputs_(node_outputs(info)) {
     // The AscendC kernel bounds the keys as given; int8 caches (whose attention runs on the CPU
     // op: only float16 caches are registered here) need the keys' dequantized values.
     if (attributes_.get_string("key_cache_type") != "float")
@@ -123,6 +131,8 @@ class CannMetadataKernel : public KernelBase<CannMetadataKernel> {
     const int64_t B = in.dim("B"), N = in.dim("N"), S = in.dim("S"), M = in.dim("M"), P = in.dim("P");
     const std::vector<int32_t> total =
         resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
+    refuse_int8_bounds(in);
+    check_block_exponent(in, io::in::block_exponent, io::out::block_exponent_out, outputs_);
     const auto planned = cann::plan_metadata(
         {B, N, S, in.dim("D"), M, P, elem(in.activation_type()), elem(in.cache_type())}, npu_spec());
     if (!planned.ok) in.fail(planned.error);
@@ -139,6 +149,7 @@ class CannMetadataKernel : public KernelBase<CannMetadataKernel> {
 
  private:
   Attributes attributes_;
+  std::vector<bool> outputs_;  // which outputs the node has (block_exponent_out is optional)
 };
 
 class CannSelectKernel : public KernelBase<CannSelectKernel> {
@@ -157,6 +168,8 @@ class CannSelectKernel : public KernelBase<CannSelectKernel> {
     const int64_t B = in.dim("B"), N = in.dim("N"), S = in.dim("S"), M = in.dim("M"), P = in.dim("P");
     const std::vector<int32_t> total =
         resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
+    refuse_int8_bounds(in);
+    check_block_exponent(in, io::in::block_exponent);
     const bool importance = in[io::in::block_importance].present();
     const int32_t* exact = check_exact_lens(in, io::in::exact_lens, total);
     const cann::SelectShape shape{B, in.dim("H"), N, S, in.dim("D"), M, P, attributes_.get_int("top_k"),

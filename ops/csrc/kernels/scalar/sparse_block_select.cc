@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "../arith.h"
+#include "../int8_bounds.h"
 #include "../select_order.h"
 #include "../sparse_block_select.h"
 
@@ -76,12 +77,16 @@ void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
                                                 int32_t* row) {
     select_row(prm, item.importance, p / P, row, s, [&](int64_t eligible, float* scores) {
       const int64_t heads = load_queries<T>(prm, item.b, item.n, i, own, s.query);
-      if (prm.score == ScoreMode::Probe)
-        return probe_blocks<T, TC>(prm, item.index, p, heads, eligible, s.query, s.key, scores);
+      if constexpr (!kInt8Bounds<TC>) {
+        if (prm.score == ScoreMode::Probe)
+          return probe_blocks<T, TC>(prm, item.index, p, heads, eligible, s.query, s.key, scores);
+      }
       for (int64_t m = 0; m < eligible; ++m) {
         float score = bound(s.query.data(), item.kmax + m * D, item.kmin + m * D, D);
         for (int64_t g = 1; g < heads; ++g)
           score = max_select(bound(s.query.data() + g * D, item.kmax + m * D, item.kmin + m * D, D), score);
+        // int8 bounds: the reduced bound of the codes, times the block's 2^e (NaN for a non-finite block).
+        if constexpr (kInt8Bounds<TC>) score = score * exponent_scale(item.exponent[m]);
         scores[m] = score;
       }
     });
@@ -91,8 +96,8 @@ void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
 }  // namespace
 
 void sparse_block_select_scalar(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
-  with_dtypes(prm.query_type, prm.cache_type,
-              [&]<typename T, typename TC>() { run<T, TC>(prm, begin, end); });
+  with_cache_dtypes(prm.query_type, prm.cache_type,
+                    [&]<typename T, typename TC>() { run<T, TC>(prm, begin, end); });
 }
 
 }  // namespace quest

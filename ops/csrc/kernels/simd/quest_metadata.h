@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../int8_bounds.h"
 #include "../quest_metadata.h"
 #include "canonical.h"
 
@@ -46,25 +47,30 @@ QUEST_INLINE Lanes int8_dequantized(const Lanes& x, float scale) {
   return Lanes::min_select(Lanes::max_select(rounded, Lanes::broadcast(-127.0f)), Lanes::broadcast(127.0f)) * s;
 }
 
-// Merges key rows [0, count) (rounded to TC) into one block's max/min for `Chunks` chunks from d;
-// key(t, d) gives row t's lanes at d, values of type TK. The running max/min stay in registers
-// for the whole run and are stored once. The keys are one sequential stream, which the hardware
-// prefetchers follow best on their own: software prefetches 16 rows ahead made the 32K build 25%
-// slower on an AVX-512 EPYC (20 against 26 GB/s).
-template <int Chunks, typename TK, typename TC, typename Key>
-QUEST_INLINE void merge_run(const Key& key, int64_t count, int64_t D, int64_t d, bool starts_block, TC* hi, TC* lo) {
+// Merges key rows [0, count) (rounded to TR) into one block's max/min (held as TB) for `Chunks`
+// chunks from d; key(t, d) gives row t's lanes at d, values of type TK; observe(above, below) sees
+// every rounded chunk (int8 bounds remember a non-finite one: a later merge may drop a NaN). The
+// running max/min stay in registers for the whole run and are stored once. The keys are one
+// sequential stream, which the hardware prefetchers follow best on their own: software prefetches
+// 16 rows ahead made the 32K build 25% slower on an AVX-512 EPYC (20 against 26 GB/s).
+template <int Chunks, typename TK, typename TR, typename Key, typename TB, typename Observe>
+QUEST_INLINE void merge_run(const Key& key, int64_t count, int64_t D, int64_t d, bool starts_block, TB* hi, TB* lo,
+                            const Observe& observe) {
   Lanes top[Chunks], bottom[Chunks];
   for (int c = 0; c < Chunks; ++c) {
     const Lanes x = key(0, d + c * kChunk);
-    const Lanes above = bound_value<true, TK, TC>(x), below = bound_value<false, TK, TC>(x);
+    const Lanes above = bound_value<true, TK, TR>(x), below = bound_value<false, TK, TR>(x);
+    observe(above, below);
     top[c] = starts_block ? above : Lanes::max_select(load_row(hi, d + c * kChunk, D), above);
     bottom[c] = starts_block ? below : Lanes::min_select(load_row(lo, d + c * kChunk, D), below);
   }
   for (int64_t t = 1; t < count; ++t) {
     for (int c = 0; c < Chunks; ++c) {
       const Lanes x = key(t, d + c * kChunk);
-      top[c] = Lanes::max_select(top[c], bound_value<true, TK, TC>(x));
-      bottom[c] = Lanes::min_select(bottom[c], bound_value<false, TK, TC>(x));
+      const Lanes above = bound_value<true, TK, TR>(x), below = bound_value<false, TK, TR>(x);
+      observe(above, below);
+      top[c] = Lanes::max_select(top[c], above);
+      bottom[c] = Lanes::min_select(bottom[c], below);
     }
   }
   for (int c = 0; c < Chunks; ++c) {
@@ -75,11 +81,16 @@ QUEST_INLINE void merge_run(const Key& key, int64_t count, int64_t D, int64_t d,
 
 // Merges the item's valid keys (row i at position past + i) into its blocks: runs of tokens that
 // share a block, merged in token order, as the scalar kernel does. With int8_keys each row is
-// first taken as the int8 cache stores it (its scale once per row, then chunk by chunk).
+// first taken as the int8 cache stores it (its scale once per row, then chunk by chunk). int8
+// bounds merge into float32 copies of their block (its held codes dequantized, unless the run
+// starts it), rounded as float16 bounds are, then quantize once per run.
 template <typename T, typename TC>
 void quest_metadata_items(const QuestMetadataParams& prm, int64_t begin, int64_t end) {
   constexpr int kChunks = Lanes::kMetadataChunks;
-  thread_local std::vector<float> scales;
+  constexpr bool kInt8 = kInt8Bounds<TC>;
+  using Held = std::conditional_t<kInt8, float, TC>;   // what the run merges into
+  using Round = std::conditional_t<kInt8, Half, TC>;   // what each key rounds outward to
+  thread_local std::vector<float> scales, held;
   const int64_t D = prm.head_dim, P = prm.block_size;
   for (int64_t item = begin; item < end; ++item) {
     const QuestMetadataItem<T, TC> slices(prm, item);
@@ -87,16 +98,28 @@ void quest_metadata_items(const QuestMetadataParams& prm, int64_t begin, int64_t
     TC *block_max = slices.block_max, *block_min = slices.block_min;
     const int64_t past = slices.past, total = slices.total;
     for (int64_t p = past; p < total;) {
-      const int64_t run_end = std::min(total, (p / P + 1) * P), count = run_end - p;
+      const int64_t m = p / P, run_end = std::min(total, (m + 1) * P), count = run_end - p;
       const T* keys = key + (p - past) * D;
-      TC* hi = block_max + (p / P) * D;
-      TC* lo = block_min + (p / P) * D;
+      TC* hi = block_max + m * D;
+      TC* lo = block_min + m * D;
       const bool starts_block = p % P == 0;
+      Held *top = nullptr, *bottom = nullptr;
+      Lanes poison = Lanes::zero();  // int8 bounds: NaN in a lane where a rounded key was NaN or infinite
+      if constexpr (kInt8) {
+        held.resize(2 * D);
+        top = held.data(), bottom = held.data() + D;
+        if (!starts_block) dequantize_block(hi, lo, slices.exponent[m], D, top, bottom);
+      } else {
+        top = hi, bottom = lo;
+      }
+      const auto observe = [&](const Lanes& above, const Lanes& below) {
+        if constexpr (kInt8) poison = poison + (above - above) + (below - below);  // x - x: NaN unless finite
+      };
       const auto merge = [&]<typename TK>(const auto& row_lanes) {
         int64_t d = 0;
         for (; d + kChunks * kChunk <= D; d += kChunks * kChunk)
-          merge_run<kChunks, TK>(row_lanes, count, D, d, starts_block, hi, lo);
-        for (; d < D; d += kChunk) merge_run<1, TK>(row_lanes, count, D, d, starts_block, hi, lo);
+          merge_run<kChunks, TK, Round>(row_lanes, count, D, d, starts_block, top, bottom, observe);
+        for (; d < D; d += kChunk) merge_run<1, TK, Round>(row_lanes, count, D, d, starts_block, top, bottom, observe);
       };
       if (prm.int8_keys) {
         scales.resize(static_cast<size_t>(count));
@@ -105,6 +128,11 @@ void quest_metadata_items(const QuestMetadataParams& prm, int64_t begin, int64_t
             [&](int64_t t, int64_t d) { return int8_dequantized(load_row(keys + t * D, d, D), scales[t]); });
       } else {
         merge.template operator()<T>([&](int64_t t, int64_t d) { return load_row(keys + t * D, d, D); });
+      }
+      if constexpr (kInt8) {
+        const bool non_finite = (!starts_block && slices.exponent[m] == kNonFiniteExponent) ||
+                                !Lanes::all_at_least(poison, Lanes::zero());
+        slices.exponent[m] = quantize_block(top, bottom, D, non_finite, hi, lo);
       }
       p = run_end;
     }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../int8_bounds.h"
 #include "../select_order.h"
 #include "../sparse_block_select.h"
 #include "canonical.h"
@@ -195,14 +196,26 @@ QUEST_INLINE void prefetch_bounds(const TC* kmax, const TC* kmin, int64_t m, int
 // and small batches keep its branches out of the scoring loop.
 inline constexpr int64_t kOfferBatch = 4;
 
+// int8 bounds score their codes: the reduced bound of blocks [m, m + count) of each of `rows` rows
+// (scores[row * stride + block]) then becomes the bound of the blocks' values, times each block's
+// 2^e (NaN for a non-finite block); one product, as the scalar kernel makes it.
+QUEST_INLINE void scale_blocks(float* scores, int64_t rows, int64_t stride, int64_t m, int64_t count,
+                               const int8_t* exponent) {
+  for (int64_t j = m; j < m + count; ++j) {
+    const float scale = exponent_scale(exponent[j]);
+    for (int64_t g = 0; g < rows; ++g) scores[g * stride + j] = scores[g * stride + j] * scale;
+  }
+}
+
 template <typename TC>
-void score_blocks(const BoundRows& r, const TC* kmax, const TC* kmin, int64_t D, int64_t eligible, float* scores,
-                  SelectScratch& selection) {
+void score_blocks(const BoundRows& r, const TC* kmax, const TC* kmin, const int8_t* exponent, int64_t D,
+                  int64_t eligible, float* scores, SelectScratch& selection) {
   for (int64_t m = 0; m < eligible; ++m) {
     prefetch_bounds(kmax, kmin, m + kPrefetchBlocks, eligible, D);
     float score = 0.0f;
     for_each_row_bound(r, kmax + m * D, kmin + m * D, D,
                        [&](int64_t g, float bound) { score = g == 0 ? bound : max_select(bound, score); });
+    if constexpr (kInt8Bounds<TC>) score = score * exponent_scale(exponent[m]);  // before the selection sees it
     scores[m] = score;
     if ((m + 1) % kOfferBatch == 0) selection.offer_until(scores, m + 1);
   }
@@ -215,8 +228,8 @@ void score_blocks(const BoundRows& r, const TC* kmax, const TC* kmin, int64_t D,
 inline constexpr int64_t kBlockTile = 4;
 
 template <typename TC>
-void score_blocks_per_row(const BoundRows& r, const TC* kmax, const TC* kmin, int64_t D, int64_t eligible,
-                          float* scores) {
+void score_blocks_per_row(const BoundRows& r, const TC* kmax, const TC* kmin, const int8_t* exponent, int64_t D,
+                          int64_t eligible, float* scores) {
   // Sixteen accumulators stay in registers only where a Lanes is one register (AVX-512; AVX2 and
   // NEON hold a Lanes in two and four, and spill): the others score block by block.
   using Tile = std::conditional_t<sizeof(TC) != 0, Lanes, Lanes>;  // dependent: kFold16 is looked up per ISA
@@ -227,11 +240,13 @@ void score_blocks_per_row(const BoundRows& r, const TC* kmax, const TC* kmin, in
         prefetch_bounds(kmax, kmin, ahead, eligible, D);
       for (int64_t g = 0; g < r.heads; g += 4)
         bounds4x4(r, g, kmax + m * D, kmin + m * D, D, scores + g * eligible + m, eligible);
+      if constexpr (kInt8Bounds<TC>) scale_blocks(scores, r.heads, eligible, m, kBlockTile, exponent);
     }
   }
   for (; m < eligible; ++m) {
     prefetch_bounds(kmax, kmin, m + kPrefetchBlocks, eligible, D);
     for_each_row_bound(r, kmax + m * D, kmin + m * D, D, [&](int64_t g, float bound) { scores[g * eligible + m] = bound; });
+    if constexpr (kInt8Bounds<TC>) scale_blocks(scores, r.heads, eligible, m, 1, exponent);
   }
 }
 
@@ -284,8 +299,8 @@ template <typename T, typename TC>
           const int64_t tiles = (selections + 3) / 4 * 4;  // rows in whole tiles of four
           load_group_rows<T>(prm, item.b, item.n, i, s.query, tiles);
           s.head_scores.resize(tiles * eligible);
-          score_blocks_per_row(bound_rows(s.query.data(), tiles, Dp, s.query_positive), item.kmax, item.kmin, D,
-                               eligible, s.head_scores.data());
+          score_blocks_per_row(bound_rows(s.query.data(), tiles, Dp, s.query_positive), item.kmax, item.kmin,
+                               item.exponent, D, eligible, s.head_scores.data());
           scored_query = item.index * S + i;
         }
         return s.head_scores.data() + own * eligible;
@@ -294,11 +309,12 @@ template <typename T, typename TC>
     }
     select_row(prm, item.importance, p / P, row, s, [&](int64_t eligible, float* scores) {
       const int64_t heads = load_query_rows<T>(prm, item.b, item.n, i, own, s.query);
-      if (prm.score == ScoreMode::Probe)
-        probe_blocks<T, TC>(prm, item.index, p, heads, eligible, s.query.data(), Dp, s.key, scores);
-      else
-        score_blocks(bound_rows(s.query.data(), heads, Dp, s.query_positive), item.kmax, item.kmin, D, eligible,
-                     scores, s);
+      if constexpr (!kInt8Bounds<TC>) {
+        if (prm.score == ScoreMode::Probe)
+          return probe_blocks<T, TC>(prm, item.index, p, heads, eligible, s.query.data(), Dp, s.key, scores);
+      }
+      score_blocks(bound_rows(s.query.data(), heads, Dp, s.query_positive), item.kmax, item.kmin, item.exponent, D,
+                   eligible, scores, s);
     });
   });
 }

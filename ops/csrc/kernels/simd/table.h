@@ -10,13 +10,13 @@
 namespace quest::QUEST_ISA {
 
 inline void quest_metadata(const QuestMetadataParams& prm, int64_t begin, int64_t end) {
-  with_dtypes(prm.key_type, prm.cache_type,
-              [&]<typename T, typename TC>() { quest_metadata_items<T, TC>(prm, begin, end); });
+  with_cache_dtypes(prm.key_type, prm.cache_type,
+                    [&]<typename T, typename TC>() { quest_metadata_items<T, TC>(prm, begin, end); });
 }
 
 inline void sparse_block_select(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
-  with_dtypes(prm.query_type, prm.cache_type,
-              [&]<typename T, typename TC>() { sparse_block_select_items<T, TC>(prm, begin, end); });
+  with_cache_dtypes(prm.query_type, prm.cache_type,
+                    [&]<typename T, typename TC>() { sparse_block_select_items<T, TC>(prm, begin, end); });
 }
 
 inline void write_cache_tokens(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {

@@ -15,6 +15,7 @@
 #include "../arith.h"
 #include "../block_mass.h"
 #include "../dispatch.h"
+#include "../int8_bounds.h"
 #include "../select_order.h"
 #include "../types.h"
 
