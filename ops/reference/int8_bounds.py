@@ -42,3 +42,32 @@ def quantize(hi, lo, non_finite) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         top = np.where(bad[..., None], 0, np.ceil(hi * inverse))
         bottom = np.where(bad[..., None], 0, np.floor(lo * inverse))
     return top.astype(np.int8), bottom.astype(np.int8), np.where(bad, NON_FINITE, e).astype(np.int8)
+
+
+QUERY_LEVELS = 127  # a scoring row's magnitudes, quantized: 0 .. 127
+MOST_CHANNELS = 1024  # the largest D of int8 bounds: every integer bound is below 2^24, exact in float32
+
+
+def quantized_query(q) -> tuple[np.ndarray, np.ndarray]:
+    """Rows q [..., D] (float32) as the int8 bounds' scores take them: magnitudes
+    u = min(127, rint(|q| * (127 / a))) with a = max |q| of the row (u = 0 when a = 0), and the row's
+    factor a / 127 (float32; NaN when a is NaN or infinite, which makes every score of the row NaN)."""
+    q = np.asarray(q, np.float32)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        a = np.abs(q).max(-1)
+        safe = np.isfinite(a) & (a > 0)
+        ratio = np.where(safe, np.float32(QUERY_LEVELS) / np.where(safe, a, 1), 0).astype(np.float32)
+        u = np.minimum(np.float32(QUERY_LEVELS), np.rint(np.abs(q) * ratio[..., None])).astype(np.float32)
+        u = np.where(safe[..., None], u, 0)
+        factor = np.where(np.isfinite(a), a / np.float32(QUERY_LEVELS), np.float32(np.nan)).astype(np.float32)
+    return u.astype(np.int64), factor
+
+
+def integer_bounds(magnitudes, positive, negative, codes_max, codes_min) -> np.ndarray:
+    """I = sum of u * max_code over q > 0 minus sum of u * min_code over q < 0, exactly (int64):
+    rows [..., S, D] against blocks [B, N, M, D] -> [..., S, M] (rows lead with B, N)."""
+    plus = np.where(positive, magnitudes, 0)
+    minus = np.where(negative, magnitudes, 0)
+    top = np.asarray(codes_max, np.int64)[:, :, None]  # [B, N, 1, M, D]
+    bottom = np.asarray(codes_min, np.int64)[:, :, None]
+    return np.einsum("bngsd,bngmd->bngsm", plus, top) - np.einsum("bngsd,bngmd->bngsm", minus, bottom)

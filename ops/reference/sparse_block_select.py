@@ -15,7 +15,8 @@ def bound_scores(query, block_max, block_min, kv_num_heads, group_reduce, block_
 
     "mean": one bound with the group's mean query (summed over g in order, divided by G);
     "max": each head's own bound, reduced with `s_g > s ? s_g : s` over g in order. int8 bounds
-    (codes as float32) multiply the reduced bound by their block's 2^e, NaN for a non-finite block.
+    score in integers (int8_bounds.quantized_query, int8_bounds.integer_bounds), then multiply the
+    reduced score by their block's 2^e, NaN for a non-finite block.
     """
     B, H, S, D = query.shape
     N, G = kv_num_heads, H // kv_num_heads
@@ -27,8 +28,14 @@ def bound_scores(query, block_max, block_min, kv_num_heads, group_reduce, block_
         for g in range(1, G):
             total = total + q[:, :, g]
         q = (total / np.float32(G))[:, :, None]  # [B, N, 1, S, D]
-    qd = q[:, :, :, :, None, :]  # [B, N, G', S, 1, D]
-    per_head = lane_sum(fmax(qd * kmax, qd * kmin))  # [B, N, G', S, M]
+    if block_exponent is not None:  # int8 bounds: exact integer bounds of the rows quantized to 7 bits
+        magnitudes, row_scale = int8_bounds.quantized_query(q)  # [B, N, G', S, D], [B, N, G', S]
+        per_head = int8_bounds.integer_bounds(magnitudes, q > 0, q < 0, block_max, block_min)
+        with np.errstate(invalid="ignore"):
+            per_head = per_head.astype(np.float32) * row_scale[..., None]
+    else:
+        qd = q[:, :, :, :, None, :]  # [B, N, G', S, 1, D]
+        per_head = lane_sum(fmax(qd * kmax, qd * kmin))  # [B, N, G', S, M]
     scores = per_head[:, :, 0]
     for g in range(1, per_head.shape[2]):
         scores = fmax(per_head[:, :, g], scores)
@@ -144,6 +151,8 @@ def sparse_block_select(
     assert H == num_heads and H % N == 0
     if (block_max.dtype == np.int8) != (block_exponent is not None):
         raise ValueError("block_exponent is required with int8 bounds and refused with float ones")
+    if block_exponent is not None and query.shape[-1] > int8_bounds.MOST_CHANNELS:
+        raise ValueError(f"int8 bounds take head dims up to {int8_bounds.MOST_CHANNELS}, got {query.shape[-1]}")
     if block_exponent is not None and score == "probe":
         raise ValueError("score='probe' needs float bounds (its key_cache shares their type); got int8 bounds")
     if group_reduce == "none":
