@@ -168,6 +168,31 @@ def exponent_scale(op, exponent, negate: bool = False) -> ir.Value:
     return op.Gather(const(op, EXPONENT_SCALES, np.float32), op.Add(index, const(op, EXPONENT_BIAS, np.int64)))
 
 
+def quantized_query_rows(op, q):
+    """Scoring rows q [..., D] float32 as int8 bounds score them (docs/ops.md, int8 block bounds):
+    (the magnitudes u = min(127, rint(|q| * (127 / a))) signed like q, 0 where q is 0 or the row's
+    a = max |q| is 0 or not finite; the row's factor a / 127 [..., 1], NaN for a NaN or infinite a).
+
+    ```
+    q -Abs-ReduceMax-> a (NaN if any q is: Not(Equal(q, q)))
+    127 / a -Mul(|q|)-Round-Min(127)-> u -Where(q > 0, u, q < 0 ? -u : 0)-> signed
+    a / 127 (NaN unless a is finite) -> factor
+    ```
+    """
+    nan = const(op, np.nan, np.float32)
+    levels = const(op, 127.0, np.float32)
+    has_nan = op.ReduceMax(op.Cast(op.Not(op.Equal(q, q)), to=F32), ints(op, -1), keepdims=1)
+    a = op.Where(op.Greater(has_nan, const(op, 0.0, np.float32)), nan,
+                 op.ReduceMax(op.Abs(q), ints(op, -1), keepdims=1))
+    usable = op.And(finite(op, a), op.Greater(a, const(op, 0.0, np.float32)))
+    ratio = op.Div(levels, op.Where(usable, a, const(op, 1.0, np.float32)))
+    u = op.Where(usable, op.Min(levels, op.Round(op.Mul(op.Abs(q), ratio))), const(op, 0.0, np.float32))
+    zero = const(op, 0.0, np.float32)
+    signed = op.Where(op.Greater(q, zero), u, op.Where(op.Less(q, zero), op.Neg(u), zero))
+    factor = op.Where(finite(op, a), op.Div(a, levels), nan)
+    return signed, factor
+
+
 def dequantize_bounds(op, codes, exponent) -> ir.Value:
     """int8 bounds [..., M, D] with their exponents [..., M] as float32 `code * 2^e` (one exact product,
     short of overflow; NaN in a non-finite block): docs/ops.md, int8 block bounds."""

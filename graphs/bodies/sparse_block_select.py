@@ -12,8 +12,9 @@ chosen mask -TopK(M - m)-> ascending block ids, -1 where unchosen, padded to K
 ```
 Ranks come from one TopK over float64 keys: a candidate's value (NaN below -inf, both above
 any non-candidate), ties to the lower index as ONNX TopK specifies. int8 bounds (block_exponent
-given) score their codes as float32 the same way, then the reduced score is multiplied by the
-block's 2^e (a table lookup, NaN for 127): one float32 product, as the contract has it.
+given) score their codes with each row quantized to 7-bit magnitudes (quantized_query_rows): the
+same bound is then an exact integer in float32, times the row's a / 127; the reduced score is
+multiplied by the block's 2^e (a table lookup, NaN for 127): one float32 product, as the contract has it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ._building import (F32, F64, I64, const, dim, exponent_scale, int8_bounds, ints, lane_sum, positions,
-                        repeat_heads, select_max, take, write_tokens)
+                        quantized_query_rows, repeat_heads, select_max, take, write_tokens)
 
 
 def _rank(op, values_f32, candidates, M):
@@ -102,12 +103,20 @@ def _probe_scores(op, query, key_cache, key, pos, valid, M, num_heads, kv_num_he
 
 
 def _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce, block_exponent=None):
-    """Bounds [B, N, S, M]; int8 bounds' codes (Cast to float32) score alike, then times 2^e per block."""
-    q = _query_rows(op, query, num_heads, kv_num_heads, group_reduce)
+    """Bounds [B, N, S, M]; int8 bounds' codes (Cast to float32) against the rows quantized, an exact
+    integer, times the row's factor, then the reduced score times 2^e per block."""
+    q = _query_rows(op, query, num_heads, kv_num_heads, group_reduce)  # [B, N, G', S, D]
+    factor = None
+    if block_exponent is not None:
+        q, factor = quantized_query_rows(op, q)  # factor [B, N, G', S, 1]
     q = op.Unsqueeze(q, ints(op, 4))  # [B, N, G', S, 1, D]
     kmax = op.Unsqueeze(op.Cast(block_max, to=F32), ints(op, 2, 3))  # [B, N, 1, 1, M, D]
     kmin = op.Unsqueeze(op.Cast(block_min, to=F32), ints(op, 2, 3))
-    per_head = lane_sum(op, select_max(op, op.Mul(q, kmax), op.Mul(q, kmin)), rank=6)  # [B, N, G', S, M]
+    if factor is None:
+        per_head = lane_sum(op, select_max(op, op.Mul(q, kmax), op.Mul(q, kmin)), rank=6)  # [B, N, G', S, M]
+    else:  # u * max_code where q > 0, -u * min_code where q < 0, whatever order the codes are in
+        chosen = op.Where(op.Greater(q, const(op, 0.0, np.float32)), kmax, kmin)
+        per_head = op.Mul(lane_sum(op, op.Mul(q, chosen), rank=6), factor)
     heads = 1 if group_reduce == "mean" else num_heads // kv_num_heads
     scores = take(op, per_head, 2, 0, 1)
     for g in range(1, heads):
