@@ -344,15 +344,18 @@ def run_perplexity(suite: Suite, configs: list[qr.Config], tokens: int, continua
     return rows
 
 
-KV_DTYPES = ("float16", "int8")  # int8 caches against float16 ones, each otherwise the default export
+# The caches compared, each otherwise the default export: label -> (kv_dtype, bounds_dtype; None: the
+# default's for that cache, int8 next to int8 caches). The middle one tells the int8 bounds' share.
+CACHE_VARIANTS = {"float16": ("float16", None), "int8, float16 bounds": ("int8", "float16"), "int8": ("int8", None)}
 
 
 def run_cache_types(name: str, plan: Plan, args, clock: Clock, tokenizer=None) -> dict:
-    """The default export with each of KV_DTYPES: every pass-key prompt through the user's
+    """The default export with each of CACHE_VARIANTS: every pass-key prompt through the user's
     Generator (exact prefill, sparse decode) and both perplexity measures at the default budget.
     An export the exporter's own validation refuses (the cache type moves this model's logits past
     its tolerance) is recorded with the refusal under `refused` and measured all the same, exported
-    without the validation: how far its answers move is the question."""
+    without the validation: how far its answers move is the question. Rows carry the variant's label
+    as `cache` and its `kv_dtype` and `bounds_dtype`."""
     from quest_ort.export.rewrite import ExportError, SparseSettings
     from quest_ort.export.weights import CHECKPOINTS, checkpoint
     from quest_ort.runtime.generate import Generator, Sampling
@@ -363,24 +366,26 @@ def run_cache_types(name: str, plan: Plan, args, clock: Clock, tokenizer=None) -
     capacity = max(max(plan.lengths), plan.perplexity_tokens) + 256
     sampling = Sampling(max_new_tokens=ANSWER_TOKENS)
     pass_key, perplexity, refused = [], [], {}
-    for dtype in KV_DTYPES:
+    for label, (dtype, bounds) in CACHE_VARIANTS.items():
         begin = time.time()
-        folder = WORK / name / f"kv-{dtype}"
+        folder = WORK / name / f"kv-{dtype}" if bounds is None else WORK / name / f"kv-{dtype}-bounds-{bounds}"
         if not (args.reuse_exports and (folder / "quest_model.json").is_file()):
             from quest_ort.apps.pipeline import export_sparse
 
             def export(validate: bool) -> None:
-                export_sparse(shipped.family, output=folder, settings=SparseSettings(top_k=32, kv_dtype=dtype),
+                export_sparse(shipped.family, output=folder,
+                              settings=SparseSettings(top_k=32, kv_dtype=dtype, bounds_dtype=bounds),
                               model=str(source), capacity=capacity, overwrite=True, validate=validate,
                               log=lambda *a, **k: None)
 
             try:
                 export(validate=True)
             except ExportError as refusal:
-                refused[dtype] = str(refusal)
-                clock.log(f"{name}: the export with {dtype} caches is refused ({refusal}); measured without validation")
+                refused[label] = str(refusal)
+                clock.log(f"{name}: the export with {label} caches is refused ({refusal}); measured without validation")
                 export(validate=False)
         model = QuestModel(folder, threads=args.threads)
+        variant = dict(cache=label, kv_dtype=dtype, bounds_dtype=model.sidecar.bounds_dtype)
         if tokenizer is None:
             import transformers
 
@@ -389,7 +394,7 @@ def run_cache_types(name: str, plan: Plan, args, clock: Clock, tokenizer=None) -
         prompts = pass_key_prompts(tokenizer, plan.lengths, plan.depths)
         for prompt in prompts:
             answer = generator.generate([prompt.ids], sampling)[0]
-            pass_key.append(dict(kv_dtype=dtype, length=prompt.length, depth=prompt.depth, key=prompt.key,
+            pass_key.append(dict(**variant, length=prompt.length, depth=prompt.depth, key=prompt.key,
                                  retrieved=prompt.key in tokenizer.decode(answer)))
         ids = tokenizer(natural_text(), add_special_tokens=False).input_ids[:plan.perplexity_tokens]
         every, _ = qr.teacher_forced(model, model.new_cache(1, len(ids)), ids, 0, exact=False)
@@ -398,14 +403,14 @@ def run_cache_types(name: str, plan: Plan, args, clock: Clock, tokenizer=None) -
         continued, _ = qr.teacher_forced(model, cache, ids, plan.continuation_from, exact=False)
         first_target = qr.token_losses(last[None], np.array([ids[plan.continuation_from]]))
         for measure, losses in (("every token sparse", every), ("continuation", np.concatenate([first_target, continued]))):
-            perplexity.append(dict(kv_dtype=dtype, measure=measure, perplexity=round(qr.perplexity(losses), 4)))
-        hits = sum(row["retrieved"] for row in pass_key if row["kv_dtype"] == dtype)
-        clock.log(f"{name}: {dtype} caches: {hits} of {len(prompts)} keys, perplexity "
+            perplexity.append(dict(**variant, measure=measure, perplexity=round(qr.perplexity(losses), 4)))
+        hits = sum(row["retrieved"] for row in pass_key if row["cache"] == label)
+        clock.log(f"{name}: {label} caches: {hits} of {len(prompts)} keys, perplexity "
                   f"{perplexity[-2]['perplexity']:.3f} every token sparse, {perplexity[-1]['perplexity']:.3f} "
                   f"continuation ({time.time() - begin:.0f} s)")
         clock.phase("cache types", time.time() - begin)
         del model, generator
-    return dict(kv_dtypes=list(KV_DTYPES), pass_key=pass_key, perplexity=perplexity, refused=refused)
+    return dict(caches=list(CACHE_VARIANTS), pass_key=pass_key, perplexity=perplexity, refused=refused)
 
 
 def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:

@@ -317,11 +317,13 @@ def test_the_cache_type_comparison_measures_an_export_its_validation_refuses(tmp
     plan = eval_quality.Plan({160: 1}, depths=(0.5,), perplexity_tokens=320, continuation_from=160)
     args = types.SimpleNamespace(reuse_exports=False, threads=1)
     result = eval_quality.run_cache_types("tiny-llama", plan, args, eval_quality.Clock(), ChatByteTokenizer())
-    assert list(result["refused"]) == ["int8"] and "validation failed" in result["refused"]["int8"]
-    assert sorted(r["kv_dtype"] for r in result["pass_key"]) == ["float16", "int8"]
-    assert sorted((r["kv_dtype"], r["measure"]) for r in result["perplexity"]) == sorted(
-        (dtype, measure) for dtype in ("float16", "int8") for measure in ("every token sparse", "continuation"))
+    caches = ["float16", "int8", "int8, float16 bounds"]
+    assert sorted(result["refused"]) == caches[1:] and "validation failed" in result["refused"]["int8"]
+    assert sorted(r["cache"] for r in result["pass_key"]) == caches
+    assert {r["cache"]: r["bounds_dtype"] for r in result["pass_key"]} == dict(zip(caches, ["float16", "int8", "float16"]))
+    assert sorted((r["cache"], r["measure"]) for r in result["perplexity"]) == sorted(
+        (cache, measure) for cache in caches for measure in ("every token sparse", "continuation"))
     assert all(np.isfinite(r["perplexity"]) for r in result["perplexity"])
     model = dict(cache_types=result, lengths={"160": 1})
     table = "\n".join(quality_report.cache_type_table(model))
-    assert "| int8† |" in table and "| float16 |" in table and "--kv-dtype int8` refuses this model" in table, table
+    assert "| int8† |" in table and "| float16 |" in table and "with int8 caches is refused" in table, table
