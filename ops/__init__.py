@@ -40,7 +40,7 @@ def native_op_names() -> tuple[str, ...]:
 
 
 def native_kernel_isa() -> str:
-    """The kernel variant the native library uses ("avx512", "avx2", "neon" or "scalar").
+    """The kernel variant the native library uses ("avx512vnni", "avx512", "avx2", "neon" or "scalar").
 
     The best variant the CPU supports, unless the environment variable QUEST_ORT_ISA names another
     supported one (QUEST_ORT_ISA=scalar forces the scalar reference kernels).

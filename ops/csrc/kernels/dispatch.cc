@@ -7,6 +7,7 @@
 namespace quest {
 
 #if defined(__x86_64__) || defined(_M_X64)
+const KernelTable& avx512vnni_kernels();
 const KernelTable& avx512_kernels();
 const KernelTable& avx2_kernels();
 #elif defined(__aarch64__)
@@ -36,7 +37,12 @@ std::vector<const KernelTable*> supported_kernels() {
   // F16C for float16 storage; FMA3 for the attention's fused multiply-adds (every AVX2 CPU has it,
   // but it is a feature bit of its own).
   const bool f16c_fma = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
-  if (__builtin_cpu_supports("avx512f") && f16c_fma) tables.push_back(&avx512_kernels());
+  // VNNI (with AVX512BW's byte loads) only changes how int8 bounds are scored: a variant of its own
+  // so that QUEST_ORT_ISA=avx512 still runs (and tests compare) the float scoring of the codes.
+  const bool avx512 = __builtin_cpu_supports("avx512f") && f16c_fma;
+  if (avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+    tables.push_back(&avx512vnni_kernels());
+  if (avx512) tables.push_back(&avx512_kernels());
   if (__builtin_cpu_supports("avx2") && f16c_fma) tables.push_back(&avx2_kernels());
 #elif defined(__aarch64__)
   tables.push_back(&neon_kernels());  // NEON is part of every AArch64 CPU

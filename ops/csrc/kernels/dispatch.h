@@ -26,7 +26,7 @@ const KernelTable& scalar_kernels();
 std::vector<const KernelTable*> supported_kernels();
 
 // The variant in use, chosen at first call: the one named by the environment variable
-// QUEST_ORT_ISA (scalar, avx2, avx512, neon) when this CPU supports it, else the best supported.
+// QUEST_ORT_ISA (scalar, avx2, avx512, avx512vnni, neon) when this CPU supports it, else the best supported.
 const KernelTable& active_kernels();
 
 }  // namespace quest

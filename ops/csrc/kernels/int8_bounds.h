@@ -4,9 +4,11 @@
 // every kernel variant: the bits then cannot differ between instruction sets.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "arith.h"
@@ -68,6 +70,36 @@ inline int8_t quantize_block(const float* hi, const float* lo, int64_t D, bool n
     min_codes[d] = static_cast<int8_t>(std::floor(lo[d] * inverse));
   }
   return static_cast<int8_t>(e);
+}
+
+// int8 bounds score a query row quantized to 7 bits (docs/ops.md, int8 block bounds): a = max |q[d]|,
+// u[d] = min(127, rint(|q[d]| * (127 / a))) (float32 operations, ties to even), u = 0 when a = 0.
+inline constexpr float kQueryLevels = 127.0f;
+// The largest D of int8 bounds: |I| <= 1024 * 127 * 128 < 2^24, so float32 sums of the integer
+// terms are exact in any order (the SIMD variants score them as floats) and float(I) is exact.
+inline constexpr int64_t kMostInt8BoundChannels = 1024;
+
+// Quantizes the row q[D] into v[D]: u[d] with the sign of q[d] (0 where q[d] is +-0, and everywhere
+// when a is 0, NaN or infinite), and returns the row's factor a / 127 (the canonical NaN when a is
+// NaN or infinite: every score of the row is then NaN). Scalar code shared by every variant: a
+// row is quantized once per query for all its blocks, and its bits cannot differ between ISAs.
+inline float quantize_query_row(const float* q, int64_t D, float* v) {
+  float a = 0.0f;
+  bool nan = false;
+  for (int64_t d = 0; d < D; ++d) {
+    const float x = std::fabs(q[d]);
+    nan = nan || x != x;
+    a = x > a ? x : a;
+  }
+  const bool usable = !nan && a > 0.0f && a < std::numeric_limits<float>::infinity();
+  // A subnormal a makes the ratio infinite: every nonzero channel then saturates at 127, as the
+  // float32 formula gives. A zero channel is skipped, never 0 * inf.
+  const float ratio = usable ? kQueryLevels / a : 0.0f;
+  for (int64_t d = 0; d < D; ++d) {
+    const float u = usable && q[d] != 0.0f ? std::min(kQueryLevels, std::nearbyint(std::fabs(q[d]) * ratio)) : 0.0f;
+    v[d] = q[d] < 0.0f ? -u : u;
+  }
+  return nan || !(a < std::numeric_limits<float>::infinity()) ? canonical_nan() : a / kQueryLevels;
 }
 
 // A block's held bounds code * 2^e as float32 into hi/lo [D] (NaN for a non-finite block; a

@@ -87,6 +87,9 @@ struct SelectScratch {
   std::vector<float> query_positive;  // variant-owned: their lanes' q > 0 masks
   std::vector<float> key;          // variant-owned: one probed key row
   std::vector<float> head_scores;  // variant-owned: scores of every query head of a group
+  std::vector<float> row_factor;   // variant-owned: int8 bounds' per-row factors a / 127
+  std::vector<int8_t> row_bytes;   // variant-owned: int8 bounds' quantized rows as dot-product operands
+  std::vector<int32_t> row_bias;   // variant-owned: their integer corrections
   int64_t keep = 0;                // blocks to choose
   int32_t offered = 0;             // blocks [0, offered) went through offer()
   int32_t worst = -1;              // the threshold block (see offer); -1 before there is one

@@ -90,7 +90,7 @@ __attribute__((visibility("default"))) const char* QuestOrtOpNames() {
 // Bytes of cache or metadata copied because an output was not bound to its input's buffer.
 __attribute__((visibility("default"))) uint64_t QuestOrtCopiedBytes() { return quest::ort::copied_bytes().load(); }
 
-// The kernel variant in use on this CPU ("avx512", "avx2", "neon" or "scalar").
+// The kernel variant in use on this CPU ("avx512vnni", "avx512", "avx2", "neon" or "scalar").
 __attribute__((visibility("default"))) const char* QuestOrtKernelIsa() { return quest::active_kernels().isa; }
 
 // Streams `count` floats with the active variant (the benchmarks' read-bandwidth probe).

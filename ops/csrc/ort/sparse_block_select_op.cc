@@ -1,5 +1,8 @@
 // ORT adapter of SparseBlockSelect: validate, resolve lengths, select per (batch, KV head).
+#include <string>
+
 #include "../kernels/dispatch.h"
+#include "../kernels/int8_bounds.h"
 #include "adapter.h"
 #include "ops.h"
 
@@ -20,6 +23,10 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
       resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
   const bool probe = attributes_.get_string("score") == "probe";
   check_block_exponent(in, io::in::block_exponent);
+  // int8 bounds score exact integers below 2^24 (docs/ops.md, int8 block bounds), which holds up to D = 1024.
+  if (in.cache_type() == DType::I8 && in.dim("D") > kMostInt8BoundChannels)
+    in.fail("int8 bounds take head dims D up to " + std::to_string(kMostInt8BoundChannels) + ", got D = " +
+            std::to_string(in.dim("D")) + " (use float16 bounds)");
   if (probe && in.cache_type() == DType::I8)  // the probe reads key_cache, which shares TC with the bounds
     in.fail("score='probe' needs float bounds (its key_cache shares their type); got int8 bounds");
   if (probe) {

@@ -17,6 +17,17 @@ float bound(const float* q, const TC* kmax, const TC* kmin, int64_t D) {
   return sum.fold();
 }
 
+// The exact integer bound of int8 codes for a quantized row v (quantize_query_row):
+// I = sum over v > 0 of u * max_code - sum over v < 0 of u * min_code, v carrying u's sign.
+int64_t integer_bound(const float* v, const int8_t* kmax, const int8_t* kmin, int64_t D) {
+  int64_t total = 0;
+  for (int64_t d = 0; d < D; ++d) {
+    const int32_t u = static_cast<int32_t>(v[d]);
+    total += u > 0 ? u * kmax[d] : u * kmin[d];
+  }
+  return total;
+}
+
 // Loads the G query heads of (b, n, i) as float; with mean reduction folds them into one head;
 // with no reduction loads head `own` of the group alone.
 template <typename T>
@@ -81,12 +92,27 @@ void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
         if (prm.score == ScoreMode::Probe)
           return probe_blocks<T, TC>(prm, item.index, p, heads, eligible, s.query, s.key, scores);
       }
+      if constexpr (kInt8Bounds<TC>) {
+        // Each scoring row quantized once; a row's score is float(I) times its factor, the rows
+        // max-reduced, then times the block's 2^e (NaN for a non-finite block).
+        s.row_factor.resize(heads);
+        for (int64_t g = 0; g < heads; ++g)
+          s.row_factor[g] = quantize_query_row(s.query.data() + g * D, D, s.query.data() + g * D);
+        for (int64_t m = 0; m < eligible; ++m) {
+          float score = 0.0f;
+          for (int64_t g = 0; g < heads; ++g) {
+            const float row = static_cast<float>(integer_bound(s.query.data() + g * D, item.kmax + m * D,
+                                                               item.kmin + m * D, D)) * s.row_factor[g];
+            score = g == 0 ? row : max_select(row, score);
+          }
+          scores[m] = score * exponent_scale(item.exponent[m]);
+        }
+        return;
+      }
       for (int64_t m = 0; m < eligible; ++m) {
         float score = bound(s.query.data(), item.kmax + m * D, item.kmin + m * D, D);
         for (int64_t g = 1; g < heads; ++g)
           score = max_select(bound(s.query.data() + g * D, item.kmax + m * D, item.kmin + m * D, D), score);
-        // int8 bounds: the reduced bound of the codes, times the block's 2^e (NaN for a non-finite block).
-        if constexpr (kInt8Bounds<TC>) score = score * exponent_scale(item.exponent[m]);
         scores[m] = score;
       }
     });

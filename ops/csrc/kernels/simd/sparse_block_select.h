@@ -52,19 +52,32 @@ int64_t load_query_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n
 }
 
 // Query rows [heads][Dp] with, per lane, the mask of q > 0 (Lanes::positive_mask), made once per
-// query for every block it scores, and whether the rows hold no infinity (see ordered_term).
+// query for every block it scores, and whether the rows hold no infinity (see ordered_term). With
+// int8 bounds the rows are quantized (quantize_rows) and `factor` holds each row's a / 127.
 struct BoundRows {
   const float* rows;
   const float* positive;
   int64_t heads, Dp;
   bool no_infinity;
+  const float* factor = nullptr;
 };
 
-inline BoundRows bound_rows(const float* rows, int64_t heads, int64_t Dp, std::vector<float>& positive) {
+inline BoundRows bound_rows(const float* rows, int64_t heads, int64_t Dp, std::vector<float>& positive,
+                            const float* factor = nullptr) {
   positive.resize(heads * Dp);
   for (int64_t j = 0; j < heads * Dp; j += kChunk) Lanes::positive_mask(Lanes::load(rows + j)).store(positive.data() + j);
   const bool no_infinity = std::none_of(rows, rows + heads * Dp, [](float q) { return std::isinf(q); });
-  return {rows, positive.data(), heads, Dp, no_infinity};
+  return {rows, positive.data(), heads, Dp, no_infinity, factor};
+}
+
+// int8 bounds: each of the rows [heads][Dp] (D values, zeros past D) quantized in place to its signed
+// magnitudes (quantize_query_row), their factors into `factor`. The codes then score as floats: every
+// term and partial sum is an integer below 2^24, so the float sums are the exact integer bound
+// in any order, and the ordered form q * (q > 0 ? hi : lo) is the contract's term (+-0 rows add 0).
+inline const float* quantize_rows(float* rows, int64_t heads, int64_t Dp, int64_t D, std::vector<float>& factor) {
+  factor.resize(heads);
+  for (int64_t g = 0; g < heads; ++g) factor[g] = quantize_query_row(rows + g * Dp, D, rows + g * Dp);
+  return factor.data();
 }
 
 // The canonical bound term max(q * hi, q * lo) (`a > b ? a : b`) of a chunk whose lanes all hold
@@ -85,7 +98,8 @@ QUEST_INLINE void bounds4(const BoundRows& r, int64_t g, const TC* hi, const TC*
   const float *p0 = r.positive + g * r.Dp, *p1 = p0 + r.Dp, *p2 = p1 + r.Dp, *p3 = p2 + r.Dp;
   Lanes a0 = Lanes::zero(), a1 = a0, a2 = a0, a3 = a0;
   const auto chunk = [&](int64_t d, Lanes h, Lanes l) {
-    if (r.no_infinity && Lanes::all_at_least(h, l)) {
+    // int8 bounds always take the ordered form: it is their term even where max < min.
+    if (kInt8Bounds<TC> || (r.no_infinity && Lanes::all_at_least(h, l))) {
       a0 = a0 + ordered_term(Lanes::load(q0 + d), Lanes::load(p0 + d), h, l);
       a1 = a1 + ordered_term(Lanes::load(q1 + d), Lanes::load(p1 + d), h, l);
       a2 = a2 + ordered_term(Lanes::load(q2 + d), Lanes::load(p2 + d), h, l);
@@ -136,7 +150,7 @@ QUEST_INLINE void bounds4x4(const BoundRows& r, int64_t g, const TC* hi, const T
   int64_t d = 0;
   for (; d + kChunk <= D; d += kChunk) chunk(d, [&](const TC* row) { return Lanes::load(row + d); });
   if (d < D) chunk(d, [&](const TC* row) { return load_partial(row + d, D - d); });  // zero past D, like q
-  if (r.no_infinity && ordered == Tile::kAllLanes) [[likely]] {
+  if (kInt8Bounds<TC> || (r.no_infinity && ordered == Tile::kAllLanes)) [[likely]] {
     Tile::fold16(acc, out, stride);
     return;
   }
@@ -153,7 +167,8 @@ QUEST_INLINE float bound1(const BoundRows& r, int64_t g, const TC* hi, const TC*
   Lanes acc = Lanes::zero();
   for (int64_t d = 0; d < D; d += kChunk) {
     const Lanes h = load_row(hi, d, D), l = load_row(lo, d, D), qd = Lanes::load(q + d);
-    acc = acc + (r.no_infinity && Lanes::all_at_least(h, l) ? ordered_term(qd, Lanes::load(positive + d), h, l) : general_term(qd, h, l));
+    const bool ordered = kInt8Bounds<TC> || (r.no_infinity && Lanes::all_at_least(h, l));
+    acc = acc + (ordered ? ordered_term(qd, Lanes::load(positive + d), h, l) : general_term(qd, h, l));
   }
   return acc.fold();
 }
@@ -196,25 +211,41 @@ QUEST_INLINE void prefetch_bounds(const TC* kmax, const TC* kmin, int64_t m, int
 // and small batches keep its branches out of the scoring loop.
 inline constexpr int64_t kOfferBatch = 4;
 
-// int8 bounds score their codes: the reduced bound of blocks [m, m + count) of each of `rows` rows
-// (scores[row * stride + block]) then becomes the bound of the blocks' values, times each block's
-// 2^e (NaN for a non-finite block); one product, as the scalar kernel makes it.
+// int8 bounds score integers: the integer bound I of blocks [m, m + count) of each of `rows` rows
+// (scores[row * stride + block]) becomes (I * the row's factor) * the block's 2^e (NaN for a
+// non-finite block), two products in the scalar kernel's order (with one row per selection there
+// is no reduction between them).
 QUEST_INLINE void scale_blocks(float* scores, int64_t rows, int64_t stride, int64_t m, int64_t count,
-                               const int8_t* exponent) {
+                               const int8_t* exponent, const float* factor) {
   for (int64_t j = m; j < m + count; ++j) {
     const float scale = exponent_scale(exponent[j]);
-    for (int64_t g = 0; g < rows; ++g) scores[g * stride + j] = scores[g * stride + j] * scale;
+    for (int64_t g = 0; g < rows; ++g) scores[g * stride + j] = (scores[g * stride + j] * factor[g]) * scale;
   }
 }
+
+// An ISA with an integer dot product of bytes scores int8 bounds with it (QUEST_INT8_DOT names its
+// header: integer_score_blocks, integer_score_blocks_per_row); the others score the codes as floats.
+#if defined(QUEST_INT8_DOT)
+#include QUEST_INT8_DOT
+#endif
 
 template <typename TC>
 void score_blocks(const BoundRows& r, const TC* kmax, const TC* kmin, const int8_t* exponent, int64_t D,
                   int64_t eligible, float* scores, SelectScratch& selection) {
+#if defined(QUEST_INT8_DOT)
+  if constexpr (kInt8Bounds<TC>) {
+    const int64_t rows = r.heads == 1 ? 1 : (r.heads + 3) / 4 * 4;  // the mean row alone, else tiles of four
+    return integer_score_blocks(byte_rows(r, rows, D, selection), kmax, kmin, exponent, D, eligible, scores,
+                                selection);
+  }
+#endif
   for (int64_t m = 0; m < eligible; ++m) {
     prefetch_bounds(kmax, kmin, m + kPrefetchBlocks, eligible, D);
     float score = 0.0f;
-    for_each_row_bound(r, kmax + m * D, kmin + m * D, D,
-                       [&](int64_t g, float bound) { score = g == 0 ? bound : max_select(bound, score); });
+    for_each_row_bound(r, kmax + m * D, kmin + m * D, D, [&](int64_t g, float bound) {
+      if constexpr (kInt8Bounds<TC>) bound = bound * r.factor[g];  // the row's score, before the reduction
+      score = g == 0 ? bound : max_select(bound, score);
+    });
     if constexpr (kInt8Bounds<TC>) score = score * exponent_scale(exponent[m]);  // before the selection sees it
     scores[m] = score;
     if ((m + 1) % kOfferBatch == 0) selection.offer_until(scores, m + 1);
@@ -229,10 +260,16 @@ inline constexpr int64_t kBlockTile = 4;
 
 template <typename TC>
 void score_blocks_per_row(const BoundRows& r, const TC* kmax, const TC* kmin, const int8_t* exponent, int64_t D,
-                          int64_t eligible, float* scores) {
+                          int64_t eligible, float* scores, SelectScratch& scratch) {
   // Sixteen accumulators stay in registers only where a Lanes is one register (AVX-512; AVX2 and
   // NEON hold a Lanes in two and four, and spill): the others score block by block.
   using Tile = std::conditional_t<sizeof(TC) != 0, Lanes, Lanes>;  // dependent: kFold16 is looked up per ISA
+#if defined(QUEST_INT8_DOT)
+  if constexpr (kInt8Bounds<TC>)
+    return integer_score_blocks_per_row(byte_rows(r, r.heads, D, scratch), r.heads, kmax, kmin, exponent, D, eligible,
+                                        scores);
+#endif
+  static_cast<void>(scratch);  // byte rows of the integer dot product only
   int64_t m = 0;
   if constexpr (Tile::kFold16) {
     for (; m + kBlockTile <= eligible; m += kBlockTile) {
@@ -240,13 +277,13 @@ void score_blocks_per_row(const BoundRows& r, const TC* kmax, const TC* kmin, co
         prefetch_bounds(kmax, kmin, ahead, eligible, D);
       for (int64_t g = 0; g < r.heads; g += 4)
         bounds4x4(r, g, kmax + m * D, kmin + m * D, D, scores + g * eligible + m, eligible);
-      if constexpr (kInt8Bounds<TC>) scale_blocks(scores, r.heads, eligible, m, kBlockTile, exponent);
+      if constexpr (kInt8Bounds<TC>) scale_blocks(scores, r.heads, eligible, m, kBlockTile, exponent, r.factor);
     }
   }
   for (; m < eligible; ++m) {
     prefetch_bounds(kmax, kmin, m + kPrefetchBlocks, eligible, D);
     for_each_row_bound(r, kmax + m * D, kmin + m * D, D, [&](int64_t g, float bound) { scores[g * eligible + m] = bound; });
-    if constexpr (kInt8Bounds<TC>) scale_blocks(scores, r.heads, eligible, m, 1, exponent);
+    if constexpr (kInt8Bounds<TC>) scale_blocks(scores, r.heads, eligible, m, 1, exponent, r.factor);
   }
 }
 
@@ -299,8 +336,10 @@ template <typename T, typename TC>
           const int64_t tiles = (selections + 3) / 4 * 4;  // rows in whole tiles of four
           load_group_rows<T>(prm, item.b, item.n, i, s.query, tiles);
           s.head_scores.resize(tiles * eligible);
-          score_blocks_per_row(bound_rows(s.query.data(), tiles, Dp, s.query_positive), item.kmax, item.kmin,
-                               item.exponent, D, eligible, s.head_scores.data());
+          const float* factor = nullptr;
+          if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), tiles, Dp, D, s.row_factor);
+          score_blocks_per_row(bound_rows(s.query.data(), tiles, Dp, s.query_positive, factor), item.kmax,
+                               item.kmin, item.exponent, D, eligible, s.head_scores.data(), s);
           scored_query = item.index * S + i;
         }
         return s.head_scores.data() + own * eligible;
@@ -313,8 +352,10 @@ template <typename T, typename TC>
         if (prm.score == ScoreMode::Probe)
           return probe_blocks<T, TC>(prm, item.index, p, heads, eligible, s.query.data(), Dp, s.key, scores);
       }
-      score_blocks(bound_rows(s.query.data(), heads, Dp, s.query_positive), item.kmax, item.kmin, item.exponent, D,
-                   eligible, scores, s);
+      const float* factor = nullptr;
+      if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), heads, Dp, D, s.row_factor);
+      score_blocks(bound_rows(s.query.data(), heads, Dp, s.query_positive, factor), item.kmax, item.kmin,
+                   item.exponent, D, eligible, scores, s);
     });
   });
 }
