@@ -279,7 +279,9 @@ def main(argv=None):
                   group_reduce=settings.group_reduce, bounds_dtype=quest.sidecar.bounds_dtype, threads=args.threads,
                   models={kind: dict(folder=str(folders[kind].relative_to(ROOT)), attention=KINDS[kind][0],
                                      kv_dtype=KINDS[kind][1], graph=MODEL_FILE if kind == "gqa-int8" else
-                                     models[kind].sidecar.model_file) for kind in KINDS},
+                                     models[kind].sidecar.model_file,
+                                     **({"bounds_dtype": models[kind].sidecar.bounds_dtype}
+                                        if KINDS[kind][0] == "quest" else {})) for kind in KINDS},
                   decode=rows, speedup=speedups, memory_at=CONTEXTS[-1], memory={}, prefill=[])
     title = f"Qwen3-0.6B geometry, {WEIGHTS} weights, {quest.sidecar.geometry.num_layers} layers, {args.threads} threads"
 
