@@ -80,6 +80,11 @@ def test_int8_caches_and_their_scales_check_and_infer(t):
                 "value_scale_out": ([B, N, C], F16)}
     model = op_model("SparseBlockAttention", inputs, ATTRIBUTES["SparseBlockAttention"], outputs=tuple(expected),
                      symbolic_dims=False)
+    _assert_inferred(model, expected)
+
+
+def _assert_inferred(model, expected: dict) -> None:
+    """The checker accepts `model` and shape inference gives each output its expected (shape, dtype)."""
     model = _outputs_through_identity(model)
     check_model(model)
     inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
@@ -103,14 +108,7 @@ def test_int8_bounds_and_their_exponents_check_and_infer(op_name, t):
                 "QuestMetadata": {"block_max_out": ([2, 2, 7, 64], np.int8), "block_min_out": ([2, 2, 7, 64], np.int8),
                                   "block_exponent_out": ([2, 2, 7], np.int8)}}[op_name]
     model = op_model(op_name, inputs, ATTRIBUTES[op_name], outputs=tuple(expected), symbolic_dims=False)
-    model = _outputs_through_identity(model)
-    check_model(model)
-    inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
-    values = {v.name: v for v in inferred.graph.value_info}
-    for name, (shape, dtype) in expected.items():
-        tensor_type = values[f"{name}_op"].type.tensor_type
-        assert [d.dim_value for d in tensor_type.shape.dim] == shape, name
-        assert onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type) == np.dtype(dtype), name
+    _assert_inferred(model, expected)
 
 
 @pytest.mark.parametrize("op_name", ["QuestMetadata", "SparseBlockSelect"])
