@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from quest_ort.ops.reference import quest_metadata, sparse_block_attention, sparse_block_select
 from quest_ort.ops.reference.int8_bounds import NON_FINITE, dequantize
+from quest_ort.ops.reference.sparse_block_select import bound_scores
 from quest_ort.ops.reference.int8_rows import dequantize_rows, quantize_rows
 from quest_ort.ops.reference.quest_metadata import rounded_outward
 from quest_ort.ops.schemas import OPS_BY_NAME, TYPE_VARS
@@ -202,18 +203,35 @@ def test_int8_bounds_do_not_depend_on_chunking(impl, call, cuts):
         assert_equal(array, whole[name], name)
 
 
-@EACH_IMPLEMENTATION
 @INT8_BOUNDS_SETTINGS
 @given(call=calls().filter(lambda call: _int8_bounds(call) and call["pattern"] != "specials"))
-def test_int8_selection_is_the_selection_over_dequantized_bounds(impl, call):
-    """Scaling a score by a power of two is exact short of over- and underflow, which keys of plain
-    numbers never reach: the selection equals the one over the bounds dequantized to float32."""
+def test_int8_scores_are_the_dequantized_bound_within_the_query_rounding(call):
+    """int8 bounds score each row quantized to 7-bit magnitudes: every block's score is the float
+    bound over the dequantized bounds within what the rounding moves it (each |q - q'| <= a / 254,
+    times the channel's largest bound), plus float32 rounding. The selection every implementation
+    makes from these scores is the reference's (test_selection_agrees_with_the_reference)."""
     inputs, attributes = _select_args(call)
-    got = run(impl, "SparseBlockSelect", inputs, attributes)["block_indices"]
-    exponent = inputs["block_exponent"]  # (unused blocks may hold any exponent: they are never eligible)
-    dequantized = {**inputs, "block_exponent": None, "block_max": dequantize(inputs["block_max"], exponent),
-                   "block_min": dequantize(inputs["block_min"], exponent)}
-    assert_equal(got, sparse_block_select(**dequantized, **attributes), "block_indices")
+    H, N = call["heads"]
+    reduce = attributes["group_reduce"]
+    bounds, exponent = (inputs["block_max"], inputs["block_min"]), inputs["block_exponent"]
+    if reduce == "none":  # each query head alone: the "mean" of one head over its KV head's bounds
+        bounds = tuple(np.repeat(b, H // N, axis=1) for b in bounds)
+        exponent, N, reduce = np.repeat(exponent, H // N, axis=1), H, "mean"
+    scores = bound_scores(inputs["query"], *bounds, N, reduce, exponent)
+    plain = bound_scores(inputs["query"], *(dequantize(b, exponent) for b in bounds), N, reduce)
+    rows = inputs["query"].astype(np.float32).reshape(inputs["query"].shape[0], N, H // N, *inputs["query"].shape[2:])
+    if reduce == "mean":  # the mean row is the one quantized (its largest magnitude bounds the sum's)
+        rows = rows.mean(2, keepdims=True, dtype=np.float32)
+    a = np.abs(rows).max(-1).max(2)  # [B, N, S]: the largest row magnitude of each score
+    largest = np.maximum(*(np.abs(dequantize(b, exponent)) for b in bounds)).sum(-1)  # [B, N, M]
+    slack = (a[..., None] / 254) * largest[:, :, None, :]
+    with np.errstate(invalid="ignore", over="ignore"):
+        error = np.abs(scores - plain)
+        within = error <= slack * 1.001 + 1e-4 * a[..., None] * largest[:, :, None, :] + 1e-30
+    same = (scores == plain) | (np.isnan(scores) & np.isnan(plain))  # zeros, infinities, NaN blocks
+    overflowed = ~np.isfinite(plain)  # float bounds past float32's range: the integers still score them
+    bad = ~(within | same | overflowed)
+    assert not bad.any(), (scores[bad][:3], plain[bad][:3], slack[bad][:3])
 
 
 @PROPERTY_SETTINGS
