@@ -366,7 +366,8 @@ def run_cache_types(name: str, plan: Plan, args, clock: Clock, tokenizer=None) -
     capacity = max(max(plan.lengths), plan.perplexity_tokens) + 256
     sampling = Sampling(max_new_tokens=ANSWER_TOKENS)
     pass_key, perplexity, refused = [], [], {}
-    for label, (dtype, bounds) in CACHE_VARIANTS.items():
+    labels = getattr(args, "caches", None) or list(CACHE_VARIANTS)
+    for label, (dtype, bounds) in ((label, CACHE_VARIANTS[label]) for label in labels):
         begin = time.time()
         folder = WORK / name / f"kv-{dtype}" if bounds is None else WORK / name / f"kv-{dtype}-bounds-{bounds}"
         if not (args.reuse_exports and (folder / "quest_model.json").is_file()):
@@ -410,7 +411,27 @@ def run_cache_types(name: str, plan: Plan, args, clock: Clock, tokenizer=None) -
                   f"continuation ({time.time() - begin:.0f} s)")
         clock.phase("cache types", time.time() - begin)
         del model, generator
-    return dict(caches=list(CACHE_VARIANTS), pass_key=pass_key, perplexity=perplexity, refused=refused)
+    return dict(caches=labels, pass_key=pass_key, perplexity=perplexity, refused=refused)
+
+
+def merge_cache_types(earlier: dict | None, fresh: dict) -> dict:
+    """`fresh` rows (some of CACHE_VARIANTS, --caches) over an earlier comparison's rows of the other
+    variants, in CACHE_VARIANTS' order. Rows of reports written before the variants had labels take
+    their cache dtype's: float16, and int8 with the float16 bounds int8 caches had then."""
+    earlier = earlier or dict(pass_key=[], perplexity=[], refused={})
+    old_label = {"float16": "float16", "int8": "int8, float16 bounds"}
+
+    def label(row):
+        return row.get("cache") or old_label[row["kv_dtype"]]
+
+    kept = {part: [dict(row, cache=label(row)) for row in earlier[part] if label(row) not in fresh["caches"]]
+            for part in ("pass_key", "perplexity")}
+    caches = [c for c in CACHE_VARIANTS if c in fresh["caches"] or any(r["cache"] == c for r in kept["pass_key"])]
+    refused = {(k if "caches" in earlier else old_label[k]): v for k, v in earlier.get("refused", {}).items()}
+    refused = {k: v for k, v in refused.items() if k not in fresh["caches"]} | fresh["refused"]
+    return dict(caches=caches, refused=refused,
+                **{part: sorted(kept[part] + fresh[part], key=lambda r: caches.index(r["cache"]))
+                   for part in ("pass_key", "perplexity")})
 
 
 def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:
@@ -469,12 +490,18 @@ def main(argv=None):
     parser.add_argument("--no-recall", action="store_true", help="skip the attention-mass recall (one step per policy)")
     parser.add_argument("--reuse-exports", action="store_true", help="reuse the exports under build/eval (development)")
     parser.add_argument("--output", type=pathlib.Path, default=None)
+    parser.add_argument("--caches", type=lambda text: [c.strip() for c in text.split(",") if c.strip()],
+                        help=f"with --only-cache-types: the variants to run again (of {list(CACHE_VARIANTS)}); the "
+                        "report keeps the others' rows")
     parser.add_argument("--only-cache-types", action="store_true",
                         help="only the KV cache types' comparison (float16 against int8 caches), stored into the "
                         "output's quality.json next to the rest")
     parser.add_argument("--report-only", action="store_true",
                         help="only write quality.md and the plots again from the output's quality.json")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.caches or ()) - set(CACHE_VARIANTS))
+    if unknown:
+        parser.error(f"--caches: unknown {unknown}; choose from {list(CACHE_VARIANTS)}")
     from quest_ort.apps.console import configure_logging
 
     configure_logging()  # the exports' steps and the checkpoints' conversion, on stderr
@@ -491,7 +518,8 @@ def main(argv=None):
             if name not in report["models"]:
                 raise SystemExit(f"--only-cache-types adds to {path}'s {name} results, which it lacks: run the whole "
                                  "evaluation first")
-            report["models"][name]["cache_types"] = run_cache_types(name, Plan.of(name, args), args, clock)
+            fresh = run_cache_types(name, Plan.of(name, args), args, clock)
+            report["models"][name]["cache_types"] = merge_cache_types(report["models"][name].get("cache_types"), fresh)
             path.write_text(json.dumps(report, indent=1) + "\n")
             continue
         report["models"][name] = evaluate(name, Plan.of(name, args), args, clock)
