@@ -327,3 +327,22 @@ def test_the_cache_type_comparison_measures_an_export_its_validation_refuses(tmp
     model = dict(cache_types=result, lengths={"160": 1})
     table = "\n".join(quality_report.cache_type_table(model))
     assert "| int8† |" in table and "| float16 |" in table and "with int8 caches is refused" in table, table
+
+
+def test_a_cache_variant_run_again_replaces_only_its_own_rows():
+    """`--caches int8` over a report written before the variants had labels: its float16 rows stay,
+    its int8 rows (int8 caches had float16 bounds then) become 'int8, float16 bounds', the fresh
+    int8 rows join them, in CACHE_VARIANTS' order."""
+    def rows(label, dtype, retrieved):
+        return dict(pass_key=[dict(kv_dtype=dtype, length=2048, retrieved=retrieved, **label)],
+                    perplexity=[dict(kv_dtype=dtype, measure="continuation", perplexity=2.0, **label)])
+
+    earlier = dict(kv_dtypes=["float16", "int8"], refused={"int8": "too far"},
+                   **{part: rows({}, "float16", True)[part] + rows({}, "int8", False)[part]
+                      for part in ("pass_key", "perplexity")})
+    fresh = dict(caches=["int8"], refused={}, **rows(dict(cache="int8"), "int8", True))
+    merged = eval_quality.merge_cache_types(earlier, fresh)
+    assert merged["caches"] == ["float16", "int8, float16 bounds", "int8"]
+    assert [(r["cache"], r["retrieved"]) for r in merged["pass_key"]] == [
+        ("float16", True), ("int8, float16 bounds", False), ("int8", True)]
+    assert merged["refused"] == {"int8, float16 bounds": "too far"}
