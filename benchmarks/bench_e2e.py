@@ -27,6 +27,7 @@ import sys
 import time
 
 import numpy as np
+from quest_ort.ops.reference.int8_rows import dequantize_rows
 
 from . import ROOT
 from .quality_runtime import block_bounds, bound_arrays, sharing_cache
@@ -113,7 +114,7 @@ def fill(cache, context: int, block_size: int | None, rng) -> None:
             continue
         keys = layer.key
         if layer.key_scale is not None:  # what an int8 cache holds: code x row scale, exact in float32
-            keys = keys[..., :context, :].astype(np.float32) * layer.key_scale[..., :context, None].astype(np.float32)
+            keys = dequantize_rows(keys[..., :context, :], layer.key_scale[..., :context])
         bounds = block_bounds(keys, context, block_size, layer.block_max.dtype)
         blocks = bounds[0].shape[-2]
         for array, values in zip(bound_arrays(layer), bounds, strict=True):

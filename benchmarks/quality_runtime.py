@@ -19,6 +19,7 @@ import onnxruntime as ort
 
 from quest_ort.model_folder.cache import LayerCaches, cache_layout
 from quest_ort.ops.reference import quest_metadata
+from quest_ort.ops.reference.int8_rows import dequantize_rows
 from quest_ort.runtime.buffers import cache_buffer
 from quest_ort.runtime.generate import PREFILL_CHUNK, choose, Sampling
 from quest_ort.runtime.model import KVCache
@@ -153,7 +154,7 @@ def held_keys(layer, row: int, length: int) -> np.ndarray:
     codes times their row scales (exact in float32), a float cache's as they are."""
     if layer.key_scale is None:
         return layer.key[row, :, :length]
-    return layer.key[row, :, :length].astype(np.float32) * layer.key_scale[row, :, :length, None].astype(np.float32)
+    return dequantize_rows(layer.key[row, :, :length], layer.key_scale[row, :, :length])
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
