@@ -19,6 +19,9 @@ inline constexpr int64_t kChunk = kLanes;
 // Hot helpers are forced inline: a call per key row (with a realigned frame for the vectors)
 // costs more than the row's arithmetic.
 #define QUEST_INLINE inline __attribute__((always_inline))
+// The same for a lambda (after its parameters) that updates a tile's accumulators: out of line
+// they live in memory, a store and a load around every step.
+#define QUEST_INLINE_LAMBDA __attribute__((always_inline))
 
 inline int64_t padded(int64_t n) { return (n + kChunk - 1) / kChunk * kChunk; }
 
@@ -60,10 +63,14 @@ Lanes round_to(const Lanes& v) {
 
 // f(std::integral_constant<int, I>{}) for I = 0 .. N-1, unrolled from the start: indices into
 // small arrays of vectors are constants before any optimisation pass, so the arrays stay in
-// registers (a loop the compiler unrolls late leaves them on the stack).
+// registers (a loop the compiler unrolls late leaves them on the stack). The expanding lambda is
+// forced inline too: GCC once kept a large one out of line (a 4 x 4 tile of integer dot products,
+// a 3 x 4 tile of attention logits), where every accumulator went through memory after each step.
 template <int N, typename F>
 QUEST_INLINE void unrolled(F&& f) {
-  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(
+  [&]<int... I>(std::integer_sequence<int, I...>) QUEST_INLINE_LAMBDA {
+    (f(std::integral_constant<int, I>{}), ...);
+  }(
       std::make_integer_sequence<int, N>{});
 }
 

@@ -97,7 +97,7 @@ QUEST_INLINE void bounds4(const BoundRows& r, int64_t g, const TC* hi, const TC*
   const float *q0 = r.rows + g * r.Dp, *q1 = q0 + r.Dp, *q2 = q1 + r.Dp, *q3 = q2 + r.Dp;
   const float *p0 = r.positive + g * r.Dp, *p1 = p0 + r.Dp, *p2 = p1 + r.Dp, *p3 = p2 + r.Dp;
   Lanes a0 = Lanes::zero(), a1 = a0, a2 = a0, a3 = a0;
-  const auto chunk = [&](int64_t d, Lanes h, Lanes l) {
+  const auto chunk = [&](int64_t d, Lanes h, Lanes l) QUEST_INLINE_LAMBDA {
     // int8 bounds always take the ordered form: it is their term even where max < min.
     if (kInt8Bounds<TC> || (r.no_infinity && Lanes::all_at_least(h, l))) {
       a0 = a0 + ordered_term(Lanes::load(q0 + d), Lanes::load(p0 + d), h, l);
@@ -135,7 +135,7 @@ QUEST_INLINE void bounds4x4(const BoundRows& r, int64_t g, const TC* hi, const T
   Lanes acc[16];  // acc[4 * row + block], the layout fold16 folds
   unrolled<16>([&](auto j) { acc[j] = Lanes::zero(); });
   typename Tile::LaneMask ordered = Tile::kAllLanes;
-  const auto chunk = [&](int64_t d, auto&& load_bound) {
+  const auto chunk = [&](int64_t d, auto&& load_bound) QUEST_INLINE_LAMBDA {
     Lanes x[4], p[4];
     unrolled<4>([&](auto h) {
       x[h] = Lanes::load(q + h * r.Dp + d);

@@ -65,7 +65,7 @@ QUEST_INLINE void integer_tile(const ByteRows& q, int64_t g, const int8_t* hi, c
   __m512i acc[Rows * Blocks];
   unrolled<Rows * Blocks>([&](auto j) { acc[j] = _mm512_setzero_si512(); });
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(-128));
-  const auto chunk = [&](int64_t d, __mmask64 live) {
+  const auto chunk = [&](int64_t d, __mmask64 live) QUEST_INLINE_LAMBDA {
     __m512i h[Blocks], l[Blocks];
     unrolled<Blocks>([&](auto b) {
       h[b] = _mm512_maskz_loadu_epi8(live, hi + b * D + d);
