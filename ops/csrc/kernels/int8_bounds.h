@@ -1,7 +1,8 @@
 // The int8 block bound format: D int8 codes per bound and one exponent per block (docs/ops.md, int8 block bounds).
 //
-// A block is quantized once per call that touches it, so its format is plain scalar code shared by
-// every kernel variant: the bits then cannot differ between instruction sets.
+// The format is plain scalar code here, the C++ reference of every kernel variant. Its operations are
+// exact (max, a product by a power of two, floor, ceil), so a SIMD variant that quantizes blocks over
+// lanes (simd/quest_metadata.h, quantize_block_lanes) writes the same bits.
 #pragma once
 
 #include <algorithm>
