@@ -7,7 +7,9 @@ id the model emits decoding to text.
 
     ids 0, 1, 2            <|endoftext|>, <|im_start|>, <|im_end|> (SmolLM2's ids; <|im_end|> ends a turn)
     ids 3 .. 258           the 256 bytes (byte-level: any text encodes, any id decodes)
-    ids 259 .. vocab - 1   merges of two printable characters, commonest letters first ("e" + " ")
+    ids 259 .. vocab - 1   merges of two printable characters, commonest letters first ("e" + " "),
+                           then of each merged token and one more character ("e " + "t"), and so on:
+                           any vocabulary size (Qwen3's 151936 included) fills up
 
 Saved as transformers saves a fast tokenizer (tokenizer.json, tokenizer_config.json with the
 ChatML template), so `transformers.AutoTokenizer` reads the folder too.
@@ -51,6 +53,20 @@ def byte_symbols() -> list[str]:
     return [symbols[byte] for byte in range(256)]
 
 
+def _merge_pairs(letters: list[str]):
+    """The merges to offer, in order, without end: pairs of letters by the sum of their ranks ("e "
+    before "zz"), then each token of the level before followed by one letter, level after level."""
+    level = []
+    for rank in range(2 * len(letters) - 1):
+        for first in range(max(0, rank - len(letters) + 1), min(rank, len(letters) - 1) + 1):
+            level.append((letters[first], letters[rank - first]))
+            yield level[-1]
+    while True:
+        longer = [(left + right, letter) for left, right in level for letter in letters]
+        yield from longer
+        level = longer
+
+
 def build_tokenizer(vocab_size: int):
     """A `tokenizers.Tokenizer` of exactly `vocab_size` ids (at least SMALLEST_VOCAB)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -60,18 +76,13 @@ def build_tokenizer(vocab_size: int):
     symbols = byte_symbols()
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
     vocab.update({symbol: FIRST_BYTE_ID + byte for byte, symbol in enumerate(symbols)})
-    letters = [symbols[ord(c)] for c in _MERGE_ORDER]
     merges = []
-    for rank in range(2 * len(letters) - 1):  # pairs by the sum of their ranks: "e " before "zz"
-        for first in range(max(0, rank - len(letters) + 1), min(rank, len(letters) - 1) + 1):
-            if len(vocab) == vocab_size:
-                break
-            pair = (letters[first], letters[rank - first])
-            if pair[0] + pair[1] not in vocab:
-                vocab[pair[0] + pair[1]] = len(vocab)
-                merges.append(pair)
-    if len(vocab) < vocab_size:
-        raise ValueError(f"vocab_size {vocab_size} is past the {len(vocab)} tokens this tokenizer can hold")
+    for pair in _merge_pairs([symbols[ord(c)] for c in _MERGE_ORDER]):
+        if len(vocab) == vocab_size:
+            break
+        if pair[0] + pair[1] not in vocab:
+            vocab[pair[0] + pair[1]] = len(vocab)
+            merges.append(pair)
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()

@@ -30,7 +30,7 @@ def _tokenizer() -> FolderTokenizer:
     return FolderTokenizer.from_folder(text_export())
 
 
-@pytest.mark.parametrize("vocab", [SMALLEST_VOCAB, TEXT_VOCAB, 8192])
+@pytest.mark.parametrize("vocab", [SMALLEST_VOCAB, TEXT_VOCAB, 8192, 151936])  # 151936: Qwen3's
 def test_the_default_tokenizer_has_exactly_the_models_vocabulary_and_round_trips_any_text(vocab):
     tokenizer = build_tokenizer(vocab)
     assert tokenizer.get_vocab_size() == vocab
