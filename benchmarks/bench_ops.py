@@ -7,8 +7,9 @@ and one selection per KV head. Every call reads cold data: each measurement rota
 copies of its buffers to exceed the last-level cache. Caches are bound in place (IOBinding), GQA
 shares its past/present buffers. The headline ratios (the default step at 32K, H=32 N=8 D=128,
 float32, against GroupQueryAttention and its int8 KV cache, one and two threads) are also measured
-side by side, the calls interleaved (paired_speedups): the summary's `*_paired*` figures, the ones
-to quote on a machine whose speed drifts. Prints a table and writes benchmarks/results/ops.json and
+side by side, the calls interleaved (paired_speedups), and so is the default step over int8 caches
+against the one over float16 caches: the summary's `*_paired*` figures, the ones to quote on a
+machine whose speed drifts. Prints a table and writes benchmarks/results/ops.json and
 ops.png.
 """
 
@@ -338,6 +339,21 @@ def paired_speedups(step_run, baseline_runs: dict, copies: int, rows: list, **wh
               f"{kind} {baseline:.2f} ms)", flush=True)
 
 
+def int8_against_float16_steps(int8_runs: dict, int8_copies: int, float16_steps: dict, rows: list, **where) -> None:
+    """The default step over int8 caches (int8 bounds) side by side with the step over float16
+    caches (paired_speedups, the float16 step as the baseline), per thread count: how much the
+    halved reads buy, measured where the machine's drift slows both alike."""
+    for threads, int8_run in int8_runs.items():
+        if threads not in float16_steps:
+            continue
+        float16_run, float16_copies = float16_steps[threads]
+        print(f"  int8 step against the float16 step, side by side, {threads} thread{'s' if threads > 1 else ''}",
+              flush=True)
+        copies = max(int8_copies, float16_copies)  # each run rotates over its own copies
+        paired_speedups(lambda c: int8_run(c % int8_copies), {"float16_step": lambda c: float16_run(c % float16_copies)},
+                        copies, rows, dtype="int8", setting="default", threads=threads, **where)
+
+
 def bench_metadata_build(dtype, C, P, N, D, threads, rng, rows, bounds_dtype="float16"):
     """A prefill's metadata build over C keys; with int8 caches (`dtype`) float32 keys, bounded as
     the int8 cache stores them."""
@@ -408,6 +424,9 @@ def summarize(rows, bandwidth):
         float16_step = row(kind="sparse_step", setting="default", **dict(at, dtype="float16"))
         if int8_step and float16_step:
             out[f"int8_step_speedup_vs_float16_step{suffix}"] = round(float16_step["ms"] / int8_step["ms"], 2)
+        paired = row(kind="paired_speedup", baseline="float16_step", setting="default", **dict(at, dtype="int8"))
+        if paired:  # side by side: the figure to quote
+            out[f"int8_step_speedup_vs_float16_step_paired{suffix}"] = paired["speedup"]
         for kind, baseline in (("gqa", gqa), ("gqa_int8", gqa_int8)):
             if int8_step and baseline:
                 out[f"int8_step_speedup_vs_{kind}{suffix}"] = round(baseline["ms"] / int8_step["ms"], 1)
@@ -483,6 +502,7 @@ def main(argv=None):
     heads = HEADS[:1] if args.quick else HEADS
     contexts = (32768,) if args.quick else CONTEXTS
     default, reference = SETTINGS
+    float16_steps = {}  # threads -> (run, copies): the default step over float16 caches at 32K
     for dtype in DTYPES:
         for C in contexts:
             bench_metadata_build(dtype, C, default.block_size, *HEADS[0][1:], 1, rng, rows, default.bounds_for(dtype))
@@ -496,6 +516,11 @@ def main(argv=None):
                     print(f"H={H} N={N} D={D} C={C} {dtype}, {default.name}, 2 threads", flush=True)
                     step_runs[2] = bench_config(cfg, default, 2, rng, rows)
                 if (H, N, D, C) == (*HEADS[0], 32768):
+                    if dtype == "float16":
+                        float16_steps = {threads: (run, cfg.copies) for threads, run in step_runs.items()}
+                    if dtype == "int8":
+                        int8_against_float16_steps(step_runs, cfg.copies, float16_steps, rows, heads=f"{H}/{N}/{D}",
+                                                   context=C)
                     print(f"H={H} N={N} D={D} C={C} {dtype}, {reference.name}", flush=True)
                     bench_config(cfg, reference, 1, rng, rows)
                     print(f"H={H} N={N} D={D} C={C} {dtype} dense, GroupQueryAttention", flush=True)

@@ -50,8 +50,8 @@ QUEST_INLINE Lanes int8_dequantized(const Lanes& x, float scale) {
 
 // quantize_block (int8_bounds.h) over lanes: the same exact operations (|x| as max(x, -x), their
 // max, a product by a power of two, floor, and ceil as -floor(-x)), so the same codes and exponent
-// bit for bit; only the narrowing of the integral codes to int8 stays scalar. The scalar form's
-// libm floor and ceil per channel held the 32K int8 build to a sixth of the read bandwidth.
+// bit for bit; only the narrowing of the integral codes to int8 stays scalar. It replaces a libm
+// floor and ceil call per channel (the 32K int8 build, side by side, about 1.1x faster).
 inline int8_t quantize_block_lanes(const float* hi, const float* lo, int64_t D, bool non_finite, int8_t* max_codes,
                                    int8_t* min_codes, std::vector<float>& codes) {
   Lanes amax = Lanes::zero(), poison = Lanes::zero();
