@@ -70,8 +70,7 @@ template <int N, typename F>
 QUEST_INLINE void unrolled(F&& f) {
   [&]<int... I>(std::integer_sequence<int, I...>) QUEST_INLINE_LAMBDA {
     (f(std::integral_constant<int, I>{}), ...);
-  }(
-      std::make_integer_sequence<int, N>{});
+  }(std::make_integer_sequence<int, N>{});
 }
 
 // canonical_exp on every lane.
