@@ -26,14 +26,21 @@ QUEST_INLINE Lanes bound_value(const Lanes& x) {
 
 // The scale of key row x as an int8 cache stores it (int8_rows.h quantize_row, bit for bit): 0 for
 // a row of zeros, NaN for a row that cannot be stored.
+// Folds row x [D] into amax (per lane the largest |x|, as max(x, -x)) and poison (NaN in a lane
+// that saw a NaN or an infinity: x - x is NaN for them, and the NaN stays).
+template <typename T>
+QUEST_INLINE void fold_magnitudes(const T* x, int64_t D, Lanes& amax, Lanes& poison) {
+  for (int64_t d = 0; d < D; d += kChunk) {
+    const Lanes v = load_row(x, d, D);
+    poison = poison + (v - v);
+    amax = Lanes::max_select(amax, Lanes::max_select(v, Lanes::zero() - v));
+  }
+}
+
 template <typename T>
 QUEST_INLINE float int8_row_scale(const T* x, int64_t D) {
   Lanes amax = Lanes::zero(), poison = Lanes::zero();
-  for (int64_t d = 0; d < D; d += kChunk) {
-    const Lanes v = load_row(x, d, D);
-    poison = poison + (v - v);  // x - x is NaN for NaN and infinities, and the NaN stays
-    amax = Lanes::max_select(amax, Lanes::max_select(v, Lanes::zero() - v));
-  }
+  fold_magnitudes(x, D, amax, poison);
   const bool finite = Lanes::all_at_least(poison, Lanes::zero());
   const float scale = half_bits_to_float(finite ? float_to_half_bits(amax.fold_max() / 127.0f) : kNanScale);
   return std::isfinite(scale) ? scale : canonical_nan();
@@ -55,13 +62,8 @@ QUEST_INLINE Lanes int8_dequantized(const Lanes& x, float scale) {
 inline int8_t quantize_block_lanes(const float* hi, const float* lo, int64_t D, bool non_finite, int8_t* max_codes,
                                    int8_t* min_codes, std::vector<float>& codes) {
   Lanes amax = Lanes::zero(), poison = Lanes::zero();
-  for (int64_t d = 0; d < D; d += kChunk) {
-    const Lanes h = load_row(hi, d, D), l = load_row(lo, d, D);
-    poison = poison + (h - h) + (l - l);  // x - x: NaN unless finite
-    const Lanes magnitude = Lanes::max_select(Lanes::max_select(h, Lanes::zero() - h),
-                                              Lanes::max_select(l, Lanes::zero() - l));
-    amax = Lanes::max_select(amax, magnitude);
-  }
+  fold_magnitudes(hi, D, amax, poison);
+  fold_magnitudes(lo, D, amax, poison);
   if (non_finite || !Lanes::all_at_least(poison, Lanes::zero())) {
     std::fill(max_codes, max_codes + D, int8_t{0});
     std::fill(min_codes, min_codes + D, int8_t{0});
