@@ -61,9 +61,12 @@ def _merge_pairs(letters: list[str]):
         for first in range(max(0, rank - len(letters) + 1), min(rank, len(letters) - 1) + 1):
             level.append((letters[first], letters[rank - first]))
             yield level[-1]
-    while True:
-        longer = [(left + right, letter) for left, right in level for letter in letters]
-        yield from longer
+    while True:  # built as offered: a vocabulary that fills early never builds the whole level
+        longer = []
+        for left, right in level:
+            for letter in letters:
+                longer.append((left + right, letter))
+                yield longer[-1]
         level = longer
 
 
