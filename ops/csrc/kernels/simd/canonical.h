@@ -53,6 +53,30 @@ QUEST_INLINE void store_row(const Lanes& v, T* row, int64_t d, int64_t D) {
     store_partial(v, row + d, D - d);
 }
 
+QUEST_INLINE float first_lane(const Lanes& v) {
+  float lanes[kChunk];
+  v.store(lanes);
+  return lanes[0];
+}
+
+// load_row and store_row where the caller knows at compile time (Full) that [d, d + 16) lies
+// within D: no check for a partial chunk on the way.
+template <bool Full, typename T>
+QUEST_INLINE Lanes load_lanes(const T* row, int64_t d, int64_t D) {
+  if constexpr (Full)
+    return Lanes::load(row + d);
+  else
+    return load_row(row, d, D);
+}
+
+template <bool Full, typename T>
+QUEST_INLINE void store_lanes(const Lanes& v, T* row, int64_t d, int64_t D) {
+  if constexpr (Full)
+    v.store(row + d);
+  else
+    store_row(v, row, d, D);
+}
+
 template <typename TC>
 Lanes round_to(const Lanes& v) {
   if constexpr (std::is_same_v<TC, Half>)

@@ -24,8 +24,6 @@ QUEST_INLINE Lanes bound_value(const Lanes& x) {
     return x.round_half_down();
 }
 
-// The scale of key row x as an int8 cache stores it (int8_rows.h quantize_row, bit for bit): 0 for
-// a row of zeros, NaN for a row that cannot be stored.
 // Folds row x [D] into amax (per lane the largest |x|, as max(x, -x)) and poison (NaN in a lane
 // that saw a NaN or an infinity: x - x is NaN for them, and the NaN stays).
 template <typename T>
@@ -37,22 +35,34 @@ QUEST_INLINE void fold_magnitudes(const T* x, int64_t D, Lanes& amax, Lanes& poi
   }
 }
 
+// The scale of key row x as an int8 cache stores it (int8_rows.h quantize_row, bit for bit): 0 for
+// a row of zeros, NaN for a row that cannot be stored.
 template <typename T>
 QUEST_INLINE float int8_row_scale(const T* x, int64_t D) {
   Lanes amax = Lanes::zero(), poison = Lanes::zero();
   fold_magnitudes(x, D, amax, poison);
-  const bool finite = Lanes::all_at_least(poison, Lanes::zero());
-  const float scale = half_bits_to_float(finite ? float_to_half_bits(amax.fold_max() / 127.0f) : kNanScale);
-  return std::isfinite(scale) ? scale : canonical_nan();
+  if (!Lanes::all_at_least(poison, Lanes::zero())) return canonical_nan();
+  // float16(amax / 127) by the vector conversion (round to nearest even, as float_to_half_bits):
+  // the scalar conversion, called per row, was a twentieth of the int8 build.
+  const float scale = first_lane(Lanes::broadcast(amax.fold_max() / 127.0f).round_half());
+  return std::isfinite(scale) ? scale : canonical_nan();  // past 65504 it rounds to infinity
 }
+
+// A key row's int8 scale and its reciprocal, taken once per row (a division per chunk cost more
+// than the chunk's other arithmetic). A zero scale (a row of magnitudes below 127 * 2^-25) gets a
+// zero reciprocal, so its row dequantizes to +0 with no branch, as the reference's zero row does.
+struct Int8Row {
+  float scale = 0.0f, reciprocal = 0.0f;
+  QUEST_INLINE static Int8Row of(float scale) { return {scale, scale == 0.0f ? 0.0f : 1.0f / scale}; }
+};
 
 // Lanes of a key row as its int8 row holds them: clamp(rint(x * (1 / scale)), -127, 127) * scale,
 // exact (zeros for a zero scale, NaN for a NaN one).
-QUEST_INLINE Lanes int8_dequantized(const Lanes& x, float scale) {
-  if (scale == 0.0f) return Lanes::zero();
-  const Lanes s = Lanes::broadcast(scale), shift = Lanes::broadcast(kRoundingShift);
-  const Lanes rounded = (x * Lanes::broadcast(1.0f / scale) + shift) - shift;
-  return Lanes::min_select(Lanes::max_select(rounded, Lanes::broadcast(-127.0f)), Lanes::broadcast(127.0f)) * s;
+QUEST_INLINE Lanes int8_dequantized(const Lanes& x, const Int8Row& row) {
+  const Lanes shift = Lanes::broadcast(kRoundingShift);
+  const Lanes rounded = (x * Lanes::broadcast(row.reciprocal) + shift) - shift;
+  const Lanes low = Lanes::broadcast(-127.0f), high = Lanes::broadcast(127.0f);
+  return Lanes::min_select(Lanes::max_select(rounded, low), high) * Lanes::broadcast(row.scale);
 }
 
 // quantize_block (int8_bounds.h) over lanes: the same exact operations (|x| as max(x, -x), their
@@ -77,43 +87,55 @@ inline int8_t quantize_block_lanes(const float* hi, const float* lo, int64_t D, 
     (Lanes::zero() - Lanes::floor(Lanes::zero() - load_row(hi, d, D) * inverse)).store(codes.data() + d);
     Lanes::floor(load_row(lo, d, D) * inverse).store(codes.data() + Dp + d);
   }
+  // Through plain pointers: an int8 store may alias anything, so indexing the vector reloaded its
+  // data pointer (and, for a thread_local vector, its address) on every element.
+  const float *max_held = codes.data(), *min_held = max_held + Dp;
   for (int64_t d = 0; d < D; ++d) {
-    max_codes[d] = static_cast<int8_t>(codes[d]);
-    min_codes[d] = static_cast<int8_t>(codes[Dp + d]);
+    max_codes[d] = static_cast<int8_t>(max_held[d]);
+    min_codes[d] = static_cast<int8_t>(min_held[d]);
   }
   return static_cast<int8_t>(e);
 }
 
 // Merges key rows [0, count) (rounded to TR) into one block's max/min (held as TB) for `Chunks`
-// chunks from d; key(t, d) gives row t's lanes at d, values of type TK; observe(above, below) sees
-// every rounded chunk (int8 bounds remember a non-finite one: a later merge may drop a NaN). The
-// running max/min stay in registers for the whole run and are stored once. The keys are one
-// sequential stream, which the hardware prefetchers follow best on their own: software prefetches
-// 16 rows ahead made the 32K build 25% slower on an AVX-512 EPYC (20 against 26 GB/s).
-template <int Chunks, typename TK, typename TR, typename Key, typename TB, typename Observe>
+// chunks from d; key(t, d, full) gives row t's lanes at d, values of type TK (full, a
+// std::bool_constant: the caller knows the chunks lie within D, so loads check for no partial
+// chunk). With Watch (int8 bounds must remember a non-finite key: a later merge may drop a NaN),
+// poison gets NaN in a lane where a rounded key was NaN or infinite; the run sums that in a
+// register of its own and adds it once (a sum kept in the caller's variable went through memory
+// on every chunk). The running max/min stay in registers for the whole run and are stored once.
+// The keys are one sequential stream, which the hardware prefetchers follow best on their own:
+// software prefetches 16 rows ahead made the 32K build 25% slower on an AVX-512 EPYC (20 against
+// 26 GB/s).
+template <int Chunks, bool Full, typename TK, typename TR, bool Watch, typename Key, typename TB>
 QUEST_INLINE void merge_run(const Key& key, int64_t count, int64_t D, int64_t d, bool starts_block, TB* hi, TB* lo,
-                            const Observe& observe) {
-  Lanes top[Chunks], bottom[Chunks];
-  for (int c = 0; c < Chunks; ++c) {
-    const Lanes x = key(0, d + c * kChunk);
-    const Lanes above = bound_value<true, TK, TR>(x), below = bound_value<false, TK, TR>(x);
-    observe(above, below);
-    top[c] = starts_block ? above : Lanes::max_select(load_row(hi, d + c * kChunk, D), above);
-    bottom[c] = starts_block ? below : Lanes::min_select(load_row(lo, d + c * kChunk, D), below);
-  }
+                            Lanes& poison) {
+  Lanes top[Chunks], bottom[Chunks];  // indexed by constants only (unrolled): they stay in registers
+  Lanes seen = Lanes::zero();
+  const auto rounded = [&](int64_t t, int c, Lanes& above, Lanes& below) QUEST_INLINE_LAMBDA {
+    const Lanes x = key(t, d + c * kChunk, std::bool_constant<Full>{});
+    above = bound_value<true, TK, TR>(x), below = bound_value<false, TK, TR>(x);
+    if constexpr (Watch) seen = seen + (above - above) + (below - below);  // x - x: NaN unless finite
+  };
+  unrolled<Chunks>([&](auto c) {
+    Lanes above, below;
+    rounded(0, c, above, below);
+    top[c] = starts_block ? above : Lanes::max_select(load_lanes<Full>(hi, d + c * kChunk, D), above);
+    bottom[c] = starts_block ? below : Lanes::min_select(load_lanes<Full>(lo, d + c * kChunk, D), below);
+  });
   for (int64_t t = 1; t < count; ++t) {
-    for (int c = 0; c < Chunks; ++c) {
-      const Lanes x = key(t, d + c * kChunk);
-      const Lanes above = bound_value<true, TK, TR>(x), below = bound_value<false, TK, TR>(x);
-      observe(above, below);
+    unrolled<Chunks>([&](auto c) {
+      Lanes above, below;
+      rounded(t, c, above, below);
       top[c] = Lanes::max_select(top[c], above);
       bottom[c] = Lanes::min_select(bottom[c], below);
-    }
+    });
   }
-  for (int c = 0; c < Chunks; ++c) {
-    store_row(top[c], hi, d + c * kChunk, D);
-    store_row(bottom[c], lo, d + c * kChunk, D);
-  }
+  unrolled<Chunks>([&](auto c) {
+    store_lanes<Full>(top[c], hi, d + c * kChunk, D);
+    store_lanes<Full>(bottom[c], lo, d + c * kChunk, D);
+  });
+  if constexpr (Watch) poison = poison + seen;
 }
 
 // Merges the item's valid keys (row i at position past + i) into its blocks: runs of tokens that
@@ -127,7 +149,13 @@ void quest_metadata_items(const QuestMetadataParams& prm, int64_t begin, int64_t
   constexpr bool kInt8 = kInt8Bounds<TC>;
   using Held = std::conditional_t<kInt8, float, TC>;   // what the run merges into
   using Round = std::conditional_t<kInt8, Half, TC>;   // what each key rounds outward to
-  thread_local std::vector<float> scales, held, codes;
+  thread_local std::vector<Int8Row> rows_of_thread;
+  thread_local std::vector<float> held_of_thread, codes_of_thread;
+  // Each thread_local's address once per call: used by name in the loops, each use was a
+  // __tls_get_addr call (in a shared library), a tenth of the int8 build.
+  std::vector<Int8Row>& rows = rows_of_thread;
+  std::vector<float>& held = held_of_thread;
+  std::vector<float>& codes = codes_of_thread;
   const int64_t D = prm.head_dim, P = prm.block_size;
   for (int64_t item = begin; item < end; ++item) {
     const QuestMetadataItem<T, TC> slices(prm, item);
@@ -149,22 +177,24 @@ void quest_metadata_items(const QuestMetadataParams& prm, int64_t begin, int64_t
       } else {
         top = hi, bottom = lo;
       }
-      const auto observe = [&](const Lanes& above, const Lanes& below) {
-        if constexpr (kInt8) poison = poison + (above - above) + (below - below);  // x - x: NaN unless finite
-      };
-      const auto merge = [&]<typename TK>(const auto& row_lanes) {
+      const auto merge = [&]<typename TK>(const auto& row_lanes) QUEST_INLINE_LAMBDA {
         int64_t d = 0;
         for (; d + kChunks * kChunk <= D; d += kChunks * kChunk)
-          merge_run<kChunks, TK, Round>(row_lanes, count, D, d, starts_block, top, bottom, observe);
-        for (; d < D; d += kChunk) merge_run<1, TK, Round>(row_lanes, count, D, d, starts_block, top, bottom, observe);
+          merge_run<kChunks, true, TK, Round, kInt8>(row_lanes, count, D, d, starts_block, top, bottom, poison);
+        for (; d < D; d += kChunk)
+          merge_run<1, false, TK, Round, kInt8>(row_lanes, count, D, d, starts_block, top, bottom, poison);
       };
       if (prm.int8_keys) {
-        scales.resize(static_cast<size_t>(count));
-        for (int64_t t = 0; t < count; ++t) scales[t] = int8_row_scale(keys + t * D, D);
-        merge.template operator()<float>(
-            [&](int64_t t, int64_t d) { return int8_dequantized(load_row(keys + t * D, d, D), scales[t]); });
+        rows.resize(static_cast<size_t>(count));
+        Int8Row* row = rows.data();
+        for (int64_t t = 0; t < count; ++t) row[t] = Int8Row::of(int8_row_scale(keys + t * D, D));
+        merge.template operator()<float>([&](int64_t t, int64_t d, auto full) QUEST_INLINE_LAMBDA {
+          return int8_dequantized(load_lanes<decltype(full)::value>(keys + t * D, d, D), row[t]);
+        });
       } else {
-        merge.template operator()<T>([&](int64_t t, int64_t d) { return load_row(keys + t * D, d, D); });
+        merge.template operator()<T>([&](int64_t t, int64_t d, auto full) QUEST_INLINE_LAMBDA {
+          return load_lanes<decltype(full)::value>(keys + t * D, d, D);
+        });
       }
       if constexpr (kInt8) {
         const bool non_finite = (!starts_block && slices.exponent[m] == kNonFiniteExponent) ||
