@@ -48,8 +48,8 @@ void check_block_indices(const BoundInputs& in, int64_t num_blocks) {
 // written there); a float cache with none.
 void check_scales(const BoundInputs& in, const std::vector<bool>& outputs) {
   const bool int8 = in.cache_type() == DType::I8;
-  for (const auto [input, output] : {std::pair{io::in::key_scale, io::out::key_scale_out},
-                                     std::pair{io::in::value_scale, io::out::value_scale_out}}) {
+  for (const auto& [input, output] : {std::pair{io::in::key_scale, io::out::key_scale_out},
+                                      std::pair{io::in::value_scale, io::out::value_scale_out}}) {
     const std::string name = in.op().inputs[input].name, output_name = in.op().outputs[output].name;
     if (int8 && !in[input].present())
       in.fail("input '" + name + "' is required with int8 caches (each row's scale)");
