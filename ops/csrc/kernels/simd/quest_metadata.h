@@ -45,11 +45,11 @@ QUEST_INLINE float int8_row_scale(const T* x, int64_t D) {
   // float16(amax / 127) by the vector conversion (round to nearest even, as float_to_half_bits):
   // the scalar conversion, called per row, was a twentieth of the int8 build.
   const float scale = first_lane(Lanes::broadcast(amax.fold_max() / 127.0f).round_half());
-  return std::isfinite(scale) ? scale : canonical_nan();  // past 65504 it rounds to infinity
+  return std::isfinite(scale) ? scale : canonical_nan();  // from 65520 on it rounds to infinity
 }
 
 // A key row's int8 scale and its reciprocal, taken once per row (a division per chunk cost more
-// than the chunk's other arithmetic). A zero scale (a row of magnitudes below 127 * 2^-25) gets a
+// than the chunk's other arithmetic). A zero scale (a row of magnitudes at most 127 * 2^-25) gets a
 // zero reciprocal, so its row dequantizes to +0 with no branch, as the reference's zero row does.
 struct Int8Row {
   float scale = 0.0f, reciprocal = 0.0f;
