@@ -197,7 +197,7 @@ test-replicas: install
 	$(PIP) install -q "ray[serve]>=2.60"
 	$(PYTEST) -q -m replicas tests/runtime/test_replicas.py
 
-# Benchmarks against ONNX Runtime's GroupQueryAttention (about 20 minutes, ~16 GB of RAM): the
+# Benchmarks against ONNX Runtime's GroupQueryAttention (about 30 minutes, ~16 GB of RAM): the
 # kernels (results/ops.json, ops.png; also against its int8 KV cache) and end-to-end decode and
 # 4K/8K-token prefill of a Qwen3-0.6B-geometry model (results/e2e.json, e2e.png).
 bench: install
