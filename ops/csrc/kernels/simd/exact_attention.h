@@ -83,14 +83,14 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
       const int64_t span = std::min(kExactTile, last_p + 1 - t0);
       const int64_t r0 = std::max<int64_t>(0, t0 - first_p) * G;  // rows before r0 ended before this tile
       for (int64_t r = r0; r < rows; ++r) s.counts[r] = std::min(span, first_p + r / G + 1 - t0);
-      const auto step = [&]<typename TR>(const TR* keys, const TR* values, int64_t stride, bool direct) {
+      const auto step = [&]<typename TR>(const TR* keys, const TR* values, int64_t stride) {
         RowStream<TR> stream{keys, values, nullptr, span, 0, stride};
         // Rows read where they lie: the key pass prefetches the tile's values, the value pass the
         // next tile's keys. The hardware prefetchers alone left a decode step's walk over 32K
         // positions 1.3x (int8 rows) to 1.5x (float16) slower (measured); widened rows are in cache.
         const int64_t next_t0 = t0 + kExactTile;
-        stream.prefetching = direct;
-        if (direct && next_t0 <= last_p) {
+        stream.prefetching = !widen;
+        if (!widen && next_t0 <= last_p) {
           stream.next_keys = keys + kExactTile * stride;
           stream.next_count = std::min(kExactTile, last_p + 1 - next_t0);
         }
@@ -121,9 +121,9 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
       if (widen) {
         widen_rows(cache.keys + t0 * D, span, D, Dp, s.keys.data());
         widen_rows(cache.values + t0 * D, span, D, Dp, s.values.data());
-        step(s.keys.data(), s.values.data(), Dp, false);
+        step(s.keys.data(), s.values.data(), Dp);
       } else {
-        step(cache.keys + t0 * D, cache.values + t0 * D, D, true);
+        step(cache.keys + t0 * D, cache.values + t0 * D, D);
       }
     }
     for (int64_t r = 0; r < rows; r += G) {  // query i0 + r / G: its G rows
