@@ -218,12 +218,12 @@ INT8_BOUND_DIMS = (1, 15, 16, 17, 64, 80, 128)
 EDGE_EXPONENTS = np.array([-128, -127, -126, 10, 126, 127], np.int8)
 
 
-def _int8_bound_case(head_dim, key_dtype, reduce="none", top_k="8"):
-    """Three rows of different lengths (the last padded), H = 14 over N = 2, P = 4: hundreds of
-    blocks in the first row, one or two in the others."""
+def _int8_bound_case(head_dim, key_dtype, reduce="none", top_k="8", heads=(14, 2)):
+    """Three rows of different lengths (the last padded), H = 14 over N = 2 unless told, P = 4:
+    hundreds of blocks in the first row, one or two in the others."""
     import dataclasses
 
-    return dataclasses.replace(CASES[0], batch=3, heads=(14, 2), head_dim=head_dim, block_size=4, cached="~1000",
+    return dataclasses.replace(CASES[0], batch=3, heads=heads, head_dim=head_dim, block_size=4, cached="~1000",
                                new_tokens=7, top_k=top_k, sink=1, recent=1, reduce=reduce, importance=False,
                                equal_scores=False, score="bound", dtypes=(key_dtype, "int8"), exact="none")
 
@@ -299,25 +299,29 @@ def _built_int8_bounds(rng, case, key_dtype):
     return block_max, block_min, exponent
 
 
-INT8_SELECT_RUNS = ([(D, reduce, "8") for D in INT8_BOUND_DIMS for reduce in REDUCES]
-                    + [(D, reduce, "more than eligible") for D in (17, 128) for reduce in REDUCES])
+# Groups of 7 (tiles of four rows and three) and of 2 (rows scored two blocks at a time on AVX2).
+INT8_SELECT_RUNS = ([(D, reduce, "8", (14, 2)) for D in INT8_BOUND_DIMS for reduce in REDUCES]
+                    + [(D, reduce, "more than eligible", (14, 2)) for D in (17, 128) for reduce in REDUCES]
+                    + [(D, reduce, "8", (4, 2)) for D in (17, 64, 128) for reduce in REDUCES])
 
 
 @pytest.mark.parametrize("machine", list(MACHINES))
 @pytest.mark.parametrize("key_dtype", ["float32", "float16"])
-@pytest.mark.parametrize("head_dim,reduce,top_k", INT8_SELECT_RUNS, ids=[f"D{d}-{r}-K{k.split()[0]}" for d, r, k in
-                                                                            INT8_SELECT_RUNS])
-def test_int8_bounds_select_alike_on_every_variant(head_dim, reduce, top_k, key_dtype, machine, tmp_path):
+@pytest.mark.parametrize("head_dim,reduce,top_k,heads", INT8_SELECT_RUNS,
+                         ids=[f"D{d}-{r}-K{k.split()[0]}-H{h[0]}" for d, r, k, h in INT8_SELECT_RUNS])
+def test_int8_bounds_select_alike_on_every_variant(head_dim, reduce, top_k, heads, key_dtype, machine, tmp_path):
     """SparseBlockSelect over int8 bounds (codes scored, the reduced score scaled by 2^e, NaN for a
     non-finite block): decode and prefill queries of rows of different lengths, on every variant."""
     from quest_ort.ops.reference import sparse_block_select
 
-    case = _int8_bound_case(head_dim, key_dtype, reduce, top_k)
+    case = _int8_bound_case(head_dim, key_dtype, reduce, top_k, heads)
     rng = np.random.default_rng(head_dim * 8 + REDUCES.index(reduce) * 2 + (key_dtype == "float16"))
     block_max, block_min, exponent = _built_int8_bounds(rng, case, key_dtype)
     H, N = case.heads
     query = rng.standard_normal((case.batch, H, case.new_tokens, head_dim)).astype(key_dtype)
     query[rng.random(query.shape) < 0.05] = 0.0
+    query[:, H - 1, 2] = 0.0  # rows of zeros: the last head of a group (scored without dot products
+    query[:, 0, 4] = 0.0  # where nothing after it is nonzero) and the first
     inputs = dict(query=query, block_max=block_max, block_min=block_min, past_lens=case.past_lens(),
                   total_lens=case.total_lens(), block_exponent=exponent)
     attributes = dict(num_heads=H, kv_num_heads=N, block_size=case.block_size, top_k=case.k(),

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -26,6 +27,7 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 #define QUEST_ISA avx2
+#define QUEST_INT8_DOT "x86/int8_dot_avx2.h"
 #include "lanes_avx2.h"
 #include "../simd/table.h"
 #if defined(__clang__)
