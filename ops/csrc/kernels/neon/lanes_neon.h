@@ -14,11 +14,11 @@ namespace quest::QUEST_ISA {
 struct Lanes {
   float32x4_t a, b, c, d;  // lanes 0-3, 4-7, 8-11, 12-15
 
-  // Register tiling that fits the 32 vector registers: key rows per logits tile (x 4 heads) and
-  // 16-lane chunks per value tile (x 4 heads).
-  static constexpr int kTileRows = 1;
+  // Register tiling that fits the 32 vector registers (four per Lanes): key rows per logits tile
+  // and 16-lane chunks per value tile, for `heads` query rows (1 to 4).
+  static constexpr int tile_rows(int) { return 1; }
+  static constexpr int value_chunks(int) { return 1; }
   static constexpr int kMetadataChunks = 2;  // chunks of running max and min kept in registers
-  static constexpr int kValueChunks = 1;
   static constexpr bool kFold16 = false;  // no 4 x 4 fold: the logits tile holds one key row
 
   static Lanes zero() { return broadcast(0.0f); }

@@ -85,7 +85,7 @@ struct RowStream {
 template <int Heads, typename TC>
 QUEST_INLINE void head_logits(const float* queries, int64_t g, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
                               float* logits, SpreadPrefetch& values) {
-  constexpr int kRows = Lanes::kTileRows;
+  constexpr int kRows = Lanes::tile_rows(Heads);
   const TC* keys = rows.keys;
   const int64_t count = rows.count, D = rows.D;
   int64_t t = 0;
@@ -94,11 +94,14 @@ QUEST_INLINE void head_logits(const float* queries, int64_t g, int64_t Dp, const
   for (; t < count; ++t) logits_tile<Heads, 1>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp, &values);
 }
 
-// Steps head_logits makes for one group of heads (tiles of key rows x 16-lane chunks, one tick
-// each): what the group's share of the prefetches is spread over.
-inline int64_t key_pass_steps(int64_t count, int64_t D) {
-  constexpr int kRows = Lanes::kTileRows;
-  return (count / kRows + count % kRows) * ((D + kChunk - 1) / kChunk);
+// Steps head_logits makes for `rows_count` query rows in groups of four (tiles of key rows x
+// 16-lane chunks, one tick each): what the prefetches are spread over.
+inline int64_t key_pass_steps(int64_t count, int64_t D, int64_t rows_count) {
+  const auto group = [&](int64_t heads) {
+    const int64_t rows = Lanes::tile_rows(static_cast<int>(heads));
+    return (count / rows + count % rows) * ((D + kChunk - 1) / kChunk);
+  };
+  return rows_count / 4 * group(4) + (rows_count % 4 != 0 ? group(rows_count % 4) : 0);
 }
 
 // x[g * Pp + t] *= scales[t] for `rows_count` rows and positions [0, count): an int8 cache's row
@@ -117,7 +120,7 @@ template <typename TC>
 void step_logits(const float* queries, int64_t rows_count, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
                  const SparseBlockAttentionParams& prm, float* logits) {
   const int64_t count = rows.count;
-  const int64_t steps = (rows_count + 3) / 4 * key_pass_steps(count, rows.D);
+  const int64_t steps = key_pass_steps(count, rows.D, rows_count);
   SpreadPrefetch values(rows.prefetching ? rows.values : nullptr, count * rows.row_bytes(), steps);
   int64_t g = 0;
   for (; g + 4 <= rows_count; g += 4) head_logits<4>(queries, g, Dp, rows, Pp, logits, values);
@@ -251,11 +254,14 @@ QUEST_INLINE void value_tile(const TC* values, int64_t first, int64_t count, int
   });
 }
 
-// Passes head_values makes over the value rows (one per group of chunks, a tick per row each):
-// what a group of heads' share of the prefetches is spread over.
-inline int64_t value_passes(int64_t Dp) {
-  const int64_t group = Lanes::kValueChunks * kChunk;
-  return Dp / group + (Dp % group) / kChunk;
+// Passes head_values makes over the value rows for `rows_count` rows in groups of four (one per
+// group of chunks, a tick per row each): what the prefetches are spread over.
+inline int64_t value_passes(int64_t Dp, int64_t rows_count) {
+  const auto group = [&](int64_t heads) {
+    const int64_t width = Lanes::value_chunks(static_cast<int>(heads)) * kChunk;
+    return Dp / width + (Dp % width) / kChunk;
+  };
+  return rows_count / 4 * group(4) + (rows_count % 4 != 0 ? group(rows_count % 4) : 0);
 }
 
 // Adds the weighted value rows [first, count) to the accumulators of `Heads` heads, chunk group by
@@ -263,7 +269,7 @@ inline int64_t value_passes(int64_t Dp) {
 template <int Heads, typename TC>
 QUEST_INLINE void head_values(const TC* values, int64_t first, int64_t count, int64_t D, int64_t Dp,
                               const float* weights, int64_t Pp, float* accumulators, SpreadPrefetch& ahead) {
-  constexpr int kChunks = Lanes::kValueChunks;
+  constexpr int kChunks = Lanes::value_chunks(Heads);
   int64_t d = 0;
   for (; d + kChunks * kChunk <= D; d += kChunks * kChunk)
     value_tile<Heads, kChunks, false>(values, first, count, D, d, weights, Pp, accumulators, Dp, ahead);
@@ -283,7 +289,7 @@ void step_values(const RowStream<TC>& rows, int64_t Dp, int64_t rows_count, cons
   const TC* values = rows.values;
   const int64_t D = rows.D;
   const auto count_of = [&](int64_t r) { return counts == nullptr ? rows.count : counts[r]; };
-  const int64_t value_rows = (rows_count + 3) / 4 * value_passes(Dp) * rows.count;
+  const int64_t value_rows = value_passes(Dp, rows_count) * rows.count;
   SpreadPrefetch ahead(rows.prefetching ? rows.next_keys : nullptr, rows.next_count * rows.row_bytes(), value_rows);
   const auto group = [&]<int Heads>(int64_t g) {
     const int64_t common = count_of(g);

@@ -14,11 +14,11 @@ namespace quest::QUEST_ISA {
 struct Lanes {
   __m512 v;
 
-  // Register tiling that fits the 32 vector registers: key rows per logits tile (x 4 heads) and
-  // 16-lane chunks per value tile (x 4 heads).
-  static constexpr int kTileRows = 4;
+  // Register tiling that fits the 32 vector registers: key rows per logits tile and 16-lane chunks
+  // per value tile, for `heads` query rows (1 to 4).
+  static constexpr int tile_rows(int) { return 4; }
+  static constexpr int value_chunks(int) { return 4; }
   static constexpr int kMetadataChunks = 8;  // chunks of running max and min kept in registers
-  static constexpr int kValueChunks = 4;
 
   static Lanes zero() { return {_mm512_setzero_ps()}; }
   static Lanes broadcast(float x) { return {_mm512_set1_ps(x)}; }
