@@ -22,7 +22,7 @@ struct Lanes {
   static constexpr int tile_rows(int heads) { return heads <= 2 ? 4 / heads : 1; }
   static constexpr int value_chunks(int heads) { return heads <= 2 ? 4 / heads : 1; }
   static constexpr int kMetadataChunks = 2;  // chunks of running max and min kept in registers
-  static constexpr bool kFold16 = false;  // no 4 x 4 fold: the logits tile holds one key row
+  static constexpr bool kFold16 = false;  // no 4 x 4 fold: a logits tile of four heads holds one key row
 
   static Lanes zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static Lanes broadcast(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
