@@ -24,6 +24,7 @@ from quest_ort.runtime.generate import greedy
 from quest_ort.runtime.model import QuestModel
 from support.attention_graphs import (HEAD_DIM, HEADS, KV_HEADS, LAYERS, MAX_POSITIONS, VOCAB, genai_gqa_model,
                                       run_original, weights)
+from support.tolerances import TOLERANCES
 
 QUIET = dict(log=lambda *a, **k: None)
 
@@ -104,8 +105,10 @@ def test_builder_style_graph_matches_the_original(variant, tmp_path):
     report = rewrite_onnx(source, output=tmp_path / "quest", settings=SparseSettings(top_k=64, block_size=8,
                                                                                      dense_layers=(0,)), **QUIET)
     # float32 math in every MatMulNBits (accuracy_level 0): the Quest graph equals the source up to
-    # summation order (the normalized activations make logits of magnitude ~100 here)
-    assert greedy_against_source(report.output, model, 9, seed=11) <= 1e-5
+    # summation order (the normalized activations make logits of magnitude ~100 here), float32's
+    # tolerance. ONNX Runtime's own kernels sum in an order of their CPU's: measured 1.24e-5 on an
+    # AVX2 machine (the same with the Quest ops' scalar kernels), under 1e-5 on AVX-512.
+    assert greedy_against_source(report.output, model, 9, seed=11) <= TOLERANCES[np.dtype(np.float32)].rtol
     quest = QuestModel(report.output, threads=1)
     assert (quest.sidecar.geometry.head_dim, quest.sidecar.capacity, quest.sidecar.eos_token_ids) == (HEAD_DIM,
                                                                                                        MAX_POSITIONS, [3, 5])
