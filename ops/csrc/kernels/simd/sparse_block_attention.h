@@ -108,6 +108,30 @@ RowStream<TC> block_rows(const ItemCaches<TC>& cache, int64_t block, int64_t P, 
   return rows;
 }
 
+// Asks for every row of a query's blocks (keys, values, an int8 block's scales) before any
+// arithmetic: the blocks lie anywhere in the cache, and a block of P rows is too little arithmetic
+// to hide the next one's latency behind, so the walk's own one-block-ahead stream alone left the
+// memory idle. Both are needed (measured: 32K int8 caches, 16/8/128, one thread, cold: the union walk
+// 1.22x faster with this added, 2x slower with it replacing the stream). Forced inline: GCC 12 left
+// an out-of-line instance's prefetches out of the library altogether.
+template <typename TC>
+QUEST_INLINE void prefetch_blocks(const ItemCaches<TC>& cache, const int32_t* blocks, int64_t count, int64_t P,
+                                  int64_t p, int64_t D) {
+  for (int64_t j = 0; j < count; ++j) {
+    const RowStream<TC> rows = block_rows(cache, blocks[j], P, p, D);
+    const char* keys = reinterpret_cast<const char*>(rows.keys);
+    const char* values = reinterpret_cast<const char*>(rows.values);
+    for (int64_t offset = 0; offset < rows.count * rows.row_bytes(); offset += 64) {
+      __builtin_prefetch(keys + offset, 0, 2);
+      __builtin_prefetch(values + offset, 0, 2);
+    }
+    if (rows.key_scales != nullptr) {
+      __builtin_prefetch(rows.key_scales, 0, 2);
+      __builtin_prefetch(rows.value_scales, 0, 2);
+    }
+  }
+}
+
 // The rows of blocks[j] a query at p attends, prefetching on into blocks[j + 1] (if any).
 template <typename TC>
 RowStream<TC> listed_block_rows(const ItemCaches<TC>& cache, const int32_t* blocks, int64_t count, int64_t j, int64_t P,
@@ -155,6 +179,7 @@ bool attend_union(const SparseBlockAttentionParams& prm, const int32_t* lists, i
   std::sort(s.blocks.begin(), s.blocks.end());
   s.blocks.erase(std::unique(s.blocks.begin(), s.blocks.end()), s.blocks.end());
   const int64_t distinct = static_cast<int64_t>(s.blocks.size());
+  prefetch_blocks(cache, s.blocks.data(), distinct, P, p, D);
   for (int64_t j = 0; j < distinct; ++j) {
     const int32_t block = s.blocks[j];
     RowStream<TC> rows = listed_block_rows(cache, s.blocks.data(), distinct, j, P, p, D);
