@@ -119,12 +119,8 @@ QUEST_INLINE void prefetch_blocks(const ItemCaches<TC>& cache, const int32_t* bl
                                   int64_t p, int64_t D) {
   for (int64_t j = 0; j < count; ++j) {
     const RowStream<TC> rows = block_rows(cache, blocks[j], P, p, D);
-    const char* keys = reinterpret_cast<const char*>(rows.keys);
-    const char* values = reinterpret_cast<const char*>(rows.values);
-    for (int64_t offset = 0; offset < rows.count * rows.row_bytes(); offset += 64) {
-      __builtin_prefetch(keys + offset, 0, 2);
-      __builtin_prefetch(values + offset, 0, 2);
-    }
+    SpreadPrefetch(rows.keys, rows.count * rows.row_bytes(), 1).tick();  // one tick: every line now
+    SpreadPrefetch(rows.values, rows.count * rows.row_bytes(), 1).tick();
     if (rows.key_scales != nullptr) {
       __builtin_prefetch(rows.key_scales, 0, 2);
       __builtin_prefetch(rows.value_scales, 0, 2);
