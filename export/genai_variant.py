@@ -12,6 +12,7 @@ folded to rank 3 around its op:
     attention_mask ─ReduceSum─Cast─ total_lens ─────────────────────────────┐
     input_ids ─Shape[1]─Cast─ new ─Sub(total_lens, new)─ past_lens ────────┼─ the exported nodes
                                   └─Greater(new, 1)─Where(total, past)─ exact_lens (a prompt attends exactly)
+    Constant 0 ─ logits_keep (every position's logits: genai picks the prompt's last row itself)
     past_block_max.l [B, N*M, D] ─Reshape─ [B, N, M, D] ─QuestMetadata─ [B, N, M, D] ─Reshape─ present_block_max.l
 
 A row's lengths come from its mask, so one sequence per generator, or rows of one length (a padded
@@ -29,7 +30,7 @@ import shutil
 GENAI_MODEL_FILE = "model.genai.onnx"
 GENAI_CONFIG_FILE = "genai_config.json"
 LIBRARY_FILE = "libquest_ort_ops.so"  # the op library's copy beside them
-LENGTH_INPUTS = ("past_lens", "total_lens", "exact_lens")
+LENGTH_INPUTS = ("past_lens", "total_lens", "exact_lens", "logits_keep")  # inputs the preamble computes
 
 
 def genai_refusal(sidecar) -> str | None:
@@ -86,6 +87,9 @@ def genai_graph(graph_path: pathlib.Path, sidecar):
         helper.make_node("Greater", ["genai_new", "genai_one"], ["genai_prompt"]),
         helper.make_node("Where", ["genai_prompt", "total_lens", "past_lens"], ["exact_lens"]),
     ]
+    if "logits_keep" in sidecar.inputs:
+        preamble.append(helper.make_node("Constant", [], ["logits_keep"],
+                                         value=helper.make_tensor("genai_all_logits", TensorProto.INT64, [1], [0])))
     graph.initializer.extend([
         helper.make_tensor("genai_axis_1", TensorProto.INT64, [1], [1]),
         helper.make_tensor("genai_one", TensorProto.INT32, [1], [1]),

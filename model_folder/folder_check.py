@@ -29,7 +29,8 @@ from ..ops.schemas import DOMAIN, OPS_BY_NAME
 
 _GQA = ("com.microsoft", "GroupQueryAttention")
 # Per input role: the element type and rank the runtime feeds it with.
-_ROLES = {"input_ids": ("int64", 2), "past_lens": ("int32", 1), "total_lens": ("int32", 1), "exact_lens": ("int32", 1)}
+_ROLES = {"input_ids": ("int64", 2), "past_lens": ("int32", 1), "total_lens": ("int32", 1), "exact_lens": ("int32", 1),
+          "logits_keep": ("int64", 1)}
 
 
 def _slot(op_name: str, kind: str, name: str) -> int:

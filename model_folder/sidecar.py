@@ -200,7 +200,8 @@ _SELECT_FIELDS = ("num_heads", "kv_num_heads", "block_size", "top_k", "sink_bloc
 _POSITIVE_FIELDS = ("num_layers", "head_dim", "vocab_size", "capacity")
 _CHOICES = {"activation_dtype": FLOAT_TYPES, "kv_dtype": CACHE_TYPES, "attention": ("quest", "gqa")}
 _STRING_FIELDS = ("model_file", "family", "source")
-_INPUT_ROLES, _OPTIONAL_INPUT_ROLES, _OUTPUT_ROLES = ("input_ids", "past_lens", "total_lens"), ("exact_lens",), ("logits",)
+_INPUT_ROLES, _OUTPUT_ROLES = ("input_ids", "past_lens", "total_lens"), ("logits",)
+_OPTIONAL_INPUT_ROLES = ("exact_lens", "logits_keep")
 
 
 def _is_int(value) -> bool:
@@ -305,7 +306,8 @@ def _check_layers(data: dict, problem) -> None:
 
 
 def _check_roles(data: dict, problem) -> None:
-    """The names the runtime feeds (input_ids, past_lens, total_lens, exact_lens) and reads (logits)."""
+    """The names the runtime feeds (input_ids, past_lens, total_lens, exact_lens, logits_keep) and
+    reads (logits)."""
     for field, required, optional in (("inputs", _INPUT_ROLES, _OPTIONAL_INPUT_ROLES), ("outputs", _OUTPUT_ROLES, ())):
         value = data[field]
         if not isinstance(value, dict):

@@ -184,7 +184,7 @@ class TextGenerator:
             if stream.cancelled:
                 return
             chunk = rest[start : start + self.prefill_chunk]
-            logits = self.model.step(self.cache, np.array([chunk], np.int64), exact=True)[0, -1]
+            logits = self.model.step(self.cache, np.array([chunk], np.int64), exact=True, last_logits=1)[0, -1]
             self.cached.extend(chunk)
             if on_prefill is not None:
                 on_prefill(start + len(chunk), len(rest))

@@ -51,12 +51,15 @@ class OptimumModel:
         return GrowingCache(int(capacity or 2**31 - 1), np.zeros(batch, np.int32), np.zeros((batch, 0), np.int64), past)
 
     def step(self, cache: GrowingCache, input_ids: np.ndarray, valid: np.ndarray | None = None, *,
-             exact: bool = True) -> np.ndarray:
-        """One step; dense attention is always exact (`exact` is accepted for the common interface)."""
+             exact: bool = True, last_logits: int | None = None) -> np.ndarray:
+        """One step; dense attention is always exact (`exact` is accepted for the common interface).
+        `last_logits`: the logits of the step's last positions only (sliced: the source graph
+        computes them all)."""
         if not isinstance(cache, GrowingCache):
             raise ValueError(f"cache must come from this model's new_cache, got a {type(cache).__name__}")
         input_ids, valid = step_arguments(input_ids, valid, exact, cache.batch, self.vocab_size)
         new_tokens = input_ids.shape[1]
+        kept = new_tokens if last_logits is None else integer(last_logits, "last_logits", 1, new_tokens)
         if (cache.lengths + valid > cache.capacity).any():
             raise CapacityError(f"a row would pass the capacity {cache.capacity}; nothing was written")
         fresh = (np.arange(new_tokens)[None, :] < valid[:, None]).astype(np.int64)
@@ -68,4 +71,4 @@ class OptimumModel:
             cache.past[name] = values[name.replace("past_key_values.", "present.")]
         cache.mask = mask
         cache.lengths += valid
-        return values["logits"]
+        return values["logits"][:, new_tokens - kept:]

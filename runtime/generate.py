@@ -52,7 +52,7 @@ class StepModel(Protocol):
     def new_cache(self, batch: int, capacity: int | None = None) -> Any: ...
 
     def step(self, cache: Any, input_ids: np.ndarray, valid: np.ndarray | None = None, *,
-             exact: bool = False) -> np.ndarray: ...
+             exact: bool = False, last_logits: int | None = None) -> np.ndarray: ...
 
     def prefill_chunk(self, batch: int, preferred: int) -> int:
         """Positions per prefill step, given the `preferred` chunk."""
@@ -129,13 +129,17 @@ def prefill(model: StepModel, cache: KVCache, prompts: Sequence[Sequence[int]], 
         ids[row, : len(prompt)] = prompt
     last = None
     for start in range(0, width, chunk):
+        positions = min(chunk, width - start)
         valid = np.clip(lengths - start, 0, chunk).astype(np.int32)
-        logits = model.step(cache, ids[:, start : start + chunk], valid=valid, exact=exact)
+        ending = np.flatnonzero((lengths > start) & (lengths <= start + chunk))  # rows whose prompt ends here
+        # only the positions from the earliest prompt end on need logits (the head runs for them alone)
+        kept = positions - int((lengths[ending] - start - 1).min()) if len(ending) else 1
+        logits = model.step(cache, ids[:, start : start + chunk], valid=valid, exact=exact, last_logits=kept)
         if last is None:
             last = np.zeros((len(prompts), logits.shape[-1]), np.float32)
-        for row in np.flatnonzero((lengths > start) & (lengths <= start + chunk)):
-            last[row] = logits[row, lengths[row] - start - 1]
-        del logits  # before the next step makes its own: a chunk's logits can be hundreds of MB
+        for row in ending:
+            last[row] = logits[row, lengths[row] - start - 1 - (positions - kept)]
+        del logits  # before the next step makes its own
     return last
 
 

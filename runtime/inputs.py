@@ -18,12 +18,14 @@ class InputTypeError(TypeError, ValueError):
     so that `except ValueError` catches every refused argument."""
 
 
-def integer(value, name: str, minimum: int | None = None) -> int:
+def integer(value, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
     """`value` as an int: a Python or NumPy integer (not a bool, not a float, even a whole one)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise InputTypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    low, high = minimum is not None and value < minimum, maximum is not None and value > maximum
+    if low or high:
+        bounds = [f">= {minimum}"] * (minimum is not None) + [f"<= {maximum}"] * (maximum is not None)
+        raise ValueError(f"{name} must be {' and '.join(bounds)}, got {value}")
     return int(value)
 
 

@@ -6,8 +6,9 @@ cache = model.new_cache(batch=2)
 logits = model.step(cache, input_ids, valid=np.array([5, 3]), exact=True)  # prompt, rows right-padded
 logits = model.step(cache, next_ids[:, None])                                # one decode token per row
 ```
-A step feeds `past_lens` (tokens already cached per row), `total_lens` (valid after the step) and
-`exact_lens` (its tokens attend exactly when `exact`, else each selects its blocks), and binds every
+A step feeds `past_lens` (tokens already cached per row), `total_lens` (valid after the step),
+`exact_lens` (its tokens attend exactly when `exact`, else each selects its blocks) and
+`logits_keep` (the head runs for the step's last `last_logits` positions only), and binds every
 present output to its past input's buffer: the ops write only the new tokens.
 """
 
@@ -151,13 +152,16 @@ class QuestModel:
         return "exact_lens" in self.sidecar.inputs
 
     def step(self, cache: KVCache, input_ids: np.ndarray, valid: np.ndarray | None = None, *,
-             exact: bool = False) -> np.ndarray:
-        """Run one prefill or decode step; returns logits [B, S, vocab].
+             exact: bool = False, last_logits: int | None = None) -> np.ndarray:
+        """Run one prefill or decode step; returns logits [B, S, vocab] (or [B, last_logits, vocab]).
 
         `input_ids` [B, S]; row b holds `valid[b]` real tokens followed by padding (default: all S).
         `exact`: the step's tokens attend to every cached position (a prompt, as Quest prefills);
         otherwise each selects its blocks (sparse layers). A graph without sparse layers (the
         GroupQueryAttention baseline, an all-dense export) always attends exactly.
+        `last_logits` (1..S): the logits of the step's last positions only, the head computed for
+        them alone when the graph takes logits_keep (a prompt step needs one row: at 512 positions
+        and Qwen3's vocabulary the rest are 311 MB); otherwise sliced from the full logits.
         Raises, before anything runs: ValueError for a bad argument (token ids that are not
         integers or lie outside the vocabulary, S = 0, ...), CapacityError when a row would pass the
         capacity.
@@ -167,6 +171,7 @@ class QuestModel:
             raise ValueError(f"cache must come from this model's new_cache, got {got}")
         input_ids, valid = step_arguments(input_ids, valid, exact, cache.batch, self.sidecar.vocab_size)
         new_tokens = input_ids.shape[1]
+        kept = new_tokens if last_logits is None else integer(last_logits, "last_logits", 1, new_tokens)
         total = cache.lengths + valid
         if (total > cache.capacity).any():
             row = int(np.argmax(total > cache.capacity))
@@ -186,11 +191,14 @@ class QuestModel:
                  names["total_lens"]: total.astype(np.int32), **cache.values}
         if self.selects_per_step:
             feeds[names["exact_lens"]] = (total if exact else cache.lengths).astype(np.int32)
+        slices_head = "logits_keep" in names
+        if slices_head:  # 0: every position (the source graph's logits)
+            feeds[names["logits_keep"]] = np.array([0 if kept == new_tokens else kept], np.int64)
         saved = self._accumulated_state(cache)
         # The logits are written straight into a fresh array: a copy out of ONNX Runtime's own
         # would hold them twice (a 512-token prefill step of a 151936-word vocabulary: 311 MB each).
         logits_name = self.sidecar.outputs["logits"]
-        logits_shape = (cache.batch, new_tokens, self.sidecar.vocab_size)
+        logits_shape = (cache.batch, kept if slices_head else new_tokens, self.sidecar.vocab_size)
         try:
             outputs = self._step.run(feeds, into={logits_name: np.empty(logits_shape, self._logits_dtype)})
         except BaseException:
@@ -199,7 +207,7 @@ class QuestModel:
         for present, past in self._copy_back.items():
             cache.buffers[past][...] = outputs[present]
         cache.lengths[:] = total
-        return outputs[logits_name]
+        return outputs[logits_name] if slices_head or kept == new_tokens else outputs[logits_name][:, -kept:]
 
     def _accumulated_state(self, cache: KVCache) -> list:
         """What a step changes that earlier steps built on, as (array, index, saved values): each

@@ -3,9 +3,11 @@
 ```
 detect the export kind -> find each layer's cache inputs/outputs -> apply the kind's rule
   -> every layer rewritten? (else ExportError naming the layers and why)
-  -> present outputs become the in-place caches -> Quest model I/O (model_io.finish_io)
+  -> present outputs become the in-place caches -> the head slices its rows (logits.py)
+  -> Quest model I/O (model_io.finish_io)
 ```
-`rewrite_attention` returns per-layer counts: which rule rewrote each layer, which are sparse.
+`rewrite_attention` returns per-layer counts: which rule rewrote each layer, which are sparse, and
+why the graph has no logits_keep input when it has none.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .context import IR_TYPES, Geometry, RewriteContext, SparseSettings
 from .genai_config import FILE, read_genai_config
 from .genai_gqa import GenaiGroupQueryAttention
 from .layers import LayerSlot, detect_kind, find_layers
+from .logits import keep_last_logits
 from .model_io import ExportError, finish_io, positions_from_past_lens
 from .optimum_attention import OptimumAttention
 from .probe import SourceProbe
@@ -199,8 +202,10 @@ def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geome
             store[layer] = new
     past_key = {slot.index: slot.past_key for slot in slots}
     past_value = {slot.index: slot.past_value for slot in slots}
+    logits_keep, no_keep_reason = keep_last_logits(graph)
     finish_io(model, context, past_key, past_value, present_key, present_value,
-              drop_inputs=("attention_mask", "position_ids"))
+              drop_inputs=("attention_mask", "position_ids"), logits_keep=logits_keep)
     sparse = context.sparse_layers()
     return {"kind": kind, "rewritten": count, "layers": dict(sorted(context.rewritten.items())),
-            "sparse_layers": sparse, "dense_layers": [slot.index for slot in slots if slot.index not in sparse]}
+            "sparse_layers": sparse, "dense_layers": [slot.index for slot in slots if slot.index not in sparse],
+            "logits_keep": logits_keep is not None, "logits_keep_refused": no_keep_reason or None}

@@ -1,6 +1,7 @@
 """Turn a rewritten graph's I/O into the Quest model I/O (docs/export.md, "The Quest model I/O").
 
-- inputs: input_ids, past_lens, total_lens, exact_lens (when a layer is sparse), and per layer
+- inputs: input_ids, past_lens, total_lens, exact_lens (when a layer is sparse), logits_keep (when
+  the logits come from a head the rewrite can slice: logits.py), and per layer
   past_key.l, past_value.l [B,N,C,D] (+ past_block_max.l, past_block_min.l [B,N,M,D] for sparse
   layers);
 - outputs: logits and present_*.l, each bound in place to its past input by the runtime;
@@ -58,7 +59,8 @@ def _retype(value: ir.Value, name: str, dtype: ir.DataType, shape: list) -> None
 
 
 def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_value: dict,
-              present_key: dict, present_value: dict, drop_inputs: tuple[str, ...]) -> None:
+              present_key: dict, present_value: dict, drop_inputs: tuple[str, ...],
+              logits_keep: ir.Value | None = None) -> None:
     """Rename, retype and add the model inputs and outputs after every layer was rewritten.
 
     `past_key` etc. map layer -> the original graph value; `drop_inputs` are inputs the Quest model
@@ -78,6 +80,7 @@ def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_val
     position_of = {value.name: i for i, value in enumerate(inputs)}
     after_ids = position_of.get("input_ids", -1) + 1
     new_inputs = [context.past_lens, context.total_lens] + ([context.exact_lens] if context.sparse_layers() else [])
+    new_inputs += [logits_keep] if logits_keep is not None else []
     for layer, (key_scale, value_scale) in context.scale_outputs.items():
         new_inputs += [context.key_scale[layer], context.value_scale[layer]]
         _retype(key_scale, f"present_key_scale.{layer}", ir.DataType.FLOAT16, cache_shape[:3])

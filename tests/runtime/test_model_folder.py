@@ -133,6 +133,7 @@ SIDECAR_DISAGREEMENTS = [
      ["sparse_layers", "[2]", "[1, 2]"]),
     ("an input renamed", lambda d: d["inputs"].update(input_ids="tokens"), ["inputs", "'tokens'"]),
     ("an input the graph needs left out", lambda d: d["inputs"].pop("exact_lens"), ["'exact_lens'"]),
+    ("the logits' row count left out", lambda d: d["inputs"].pop("logits_keep"), ["'logits_keep'"]),
     ("the logits renamed", lambda d: d["outputs"].update(logits="scores"), ["outputs", "'scores'"]),
     ("the GroupQueryAttention baseline", lambda d: d.update(attention="gqa"), ["attention", "'gqa'"]),
     ("portable", lambda d: d.update(portable=True), ["portable", "True"]),

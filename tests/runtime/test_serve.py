@@ -29,10 +29,10 @@ class SlowModel:
     def __init__(self, model: QuestModel, pause: float):
         self._model, self._pause = model, pause
 
-    def step(self, cache, input_ids, valid=None, *, exact=False):
+    def step(self, cache, input_ids, valid=None, *, exact=False, last_logits=None):
         if not exact:
             time.sleep(self._pause)
-        return self._model.step(cache, input_ids, valid, exact=exact)
+        return self._model.step(cache, input_ids, valid, exact=exact, last_logits=last_logits)
 
     def __getattr__(self, name):
         return getattr(self._model, name)
