@@ -79,7 +79,7 @@ def token_api(folder, ids) -> dict:
     model = QuestModel(folder)
     cache = model.new_cache(1)
     started = time.perf_counter()
-    token = int(model.step(cache, np.array([ids]), exact=True)[0, -1].argmax())
+    token = int(model.step(cache, np.array([ids]), exact=True, last_logits=1)[0, -1].argmax())
     times = [time.perf_counter() - started]
     for _ in range(NEW_TOKENS - 1):
         started = time.perf_counter()

@@ -77,11 +77,16 @@ class Int8CacheGqa:
         names = [LayerCaches(io.past_key, io.past_value) for io in self.sidecar.layers]
         return KVCache.of(capacity, np.zeros(batch, np.int32), layers, names)
 
-    def step(self, cache: KVCache, input_ids: np.ndarray) -> np.ndarray:
+    def step(self, cache: KVCache, input_ids: np.ndarray, *, exact: bool = True,
+             last_logits: int | None = None) -> np.ndarray:
+        """As QuestModel.step (GroupQueryAttention always attends exactly: `exact` is accepted for the
+        common interface; `last_logits`: the step's last positions only)."""
         names = self.sidecar.inputs
         total = cache.lengths + input_ids.shape[1]
         feeds = {names["input_ids"]: input_ids.astype(np.int64), names["past_lens"]: cache.lengths.copy(),
                  names["total_lens"]: total.astype(np.int32), **cache.values}
+        if "logits_keep" in names:
+            feeds[names["logits_keep"]] = np.array([last_logits or 0], np.int64)
         logits = self._step.run(feeds)[self.sidecar.outputs["logits"]]
         cache.lengths[:] = total
-        return logits
+        return logits if "logits_keep" in names or not last_logits else logits[:, -last_logits:]
