@@ -9,7 +9,8 @@ logits are the full logits' last rows.
 
 pattern: the graph output `logits` [B, S, V] <- Cast* <- MatMul(hidden [B, S, H], W [H, V])
                                                     or MatMulNBits(hidden, ...) (com.microsoft)
-check:   the output is rank 3, the chain holds nothing but Casts, the head's weight is 2-D
+check:   the output is rank 3, the chain holds nothing but Casts, nothing else reads the head's
+         output or the chain's values (they would see only the kept rows), the head's weight is 2-D
 rewrite: hidden -Slice(starts = -logits_keep, ends = max, axes = [1])- head -> logits [B, n, V]
          (logits_keep [1] int64: a 1-D input, as Slice takes its starts)
 """
@@ -31,11 +32,15 @@ def _head_of_logits(graph: ir.Graph) -> tuple[ir.Node | None, str]:
         return None, "the graph has no logits output"
     if logits.shape is None or len(logits.shape) != 3:
         return None, f"the logits output has shape {logits.shape}, expected [B, S, vocab]"
+    if logits.uses():
+        return None, "the logits also feed nodes of the graph, which would see only the kept rows"
     value = logits
     while True:
         node = value.producer()
         if node is None:
             return None, "the logits are a graph input or an initializer"
+        if value is not logits and (len(value.uses()) != 1 or value.is_graph_output()):
+            return None, f"{value.name!r} between the head and the logits has other readers"
         if node.op_type == "Cast" and node.domain == "":
             value = node.inputs[0]
             continue

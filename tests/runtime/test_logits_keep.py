@@ -99,10 +99,16 @@ def _head_graph(head: str, logits_rank: int = 3) -> ir.Graph:
     elif head == "Softmax after the head":
         nodes.append(ir.node("MatMul", [hidden, weight]))
         nodes.append(ir.node("Softmax", [nodes[-1].outputs[0]]))
+    elif head in ("the head's output read elsewhere", "the logits read elsewhere"):
+        nodes.append(ir.node("MatMul", [hidden, weight]))
+        nodes.append(ir.node("Cast", [nodes[-1].outputs[0]], attributes={"to": ir.DataType.FLOAT}))
+        read = nodes[-2 if head == "the head's output read elsewhere" else -1].outputs[0]
+        nodes.insert(0, ir.node("ReduceMax", [read]))  # e.g. a graph output of the whole step's maximum
     logits = nodes[-1].outputs[0]
     logits.name = "logits"
     logits.shape = ir.Shape(["B", "S", 16][3 - logits_rank:])
-    return ir.Graph([hidden], [logits], nodes=nodes, initializers=[weight], opset_imports={"": 18})
+    outputs = [logits] + [node.outputs[0] for node in nodes if node.op_type == "ReduceMax"]
+    return ir.Graph([hidden], outputs, nodes=nodes, initializers=[weight], opset_imports={"": 18})
 
 
 @pytest.mark.parametrize("head", ["MatMul", "MatMul+Cast", "MatMulNBits"])
@@ -121,6 +127,8 @@ def test_the_rule_slices_the_heads_input(head):
     ("Softmax after the head", 3, ["Softmax"]),
     ("MatMul of a 3-D weight", 3, ["[1,8,16]", "expected [H, V]"]),
     ("MatMul", 2, ["expected [B, S, vocab]"]),
+    ("the head's output read elsewhere", 3, ["other readers"]),
+    ("the logits read elsewhere", 3, ["also feed nodes"]),
 ])
 def test_the_rule_leaves_a_head_it_does_not_model_and_says_why(head, logits_rank, words):
     graph = _head_graph(head, logits_rank)
