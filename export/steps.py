@@ -80,10 +80,12 @@ def save_folder(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry
 
     from ..graphs.functions import expand_quest_nodes
     from ..graphs.portable import resolve_cast_like, value_types
+    from .rewrite.model_io import unname_unread_outputs
 
     staged = work / "out"
     staged.mkdir()
     _load_external_constants(onnx_model)
+    unname_unread_outputs(onnx_model.graph)
     if settings.portable:  # every Quest node as its standard-op body: no op library needed to run it
         expand_quest_nodes(onnx_model)
     ir.save(onnx_model, staged / MODEL_FILE, external_data=MODEL_FILE + ".data")

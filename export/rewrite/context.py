@@ -154,9 +154,9 @@ class RewriteContext:
             _outputs=6 if scales else 4 if importance is not None else 3)
         output, key_out, value_out = outputs[:3]
         if scales:
+            # outputs[3], the block importance, stays unread without `importance`: steps.save_folder
+            # leaves it unnamed (absent), and the op then computes none
             self.scale_outputs[layer] = (outputs[4], outputs[5])
-            if importance is None:
-                outputs[3].name = ""  # an absent optional output: the op then computes no importance
         if importance is not None:
             # The mass this call's queries gave each block joins what earlier calls gave it. A graph
             # output right away, so the rewriter's dead-code removal keeps it.

@@ -15,6 +15,7 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
+from ...ops.schemas import DOMAIN, OPS_BY_NAME
 from .context import RewriteContext
 
 
@@ -116,3 +117,20 @@ def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_val
         graph.inputs.remove(value)
     common_passes.RemoveUnusedNodesPass()(model)
     graph.sort()
+
+
+def unname_unread_outputs(graph: ir.Graph) -> int:
+    """Give the optional outputs of the Quest nodes that nothing reads the empty name, ONNX's absent
+    output; returns how many. The rewriter names every unnamed value when a rule set applies
+    (onnxscript's NameFixPass), so an output the rewrite left out this way came back as "v_3": the
+    op then computed it for nothing (an int8 cache's SparseBlockAttention its block importance, in
+    every step). Run last, just before the graph is saved."""
+    cleared = 0
+    for node in graph:
+        if node.domain != DOMAIN:
+            continue
+        for value, tensor in zip(node.outputs, OPS_BY_NAME[node.op_type].outputs):
+            if tensor.optional and value.name and not value.uses() and not value.is_graph_output():
+                value.name = ""
+                cleared += 1
+    return cleared

@@ -12,6 +12,7 @@ import pytest
 
 from quest_ort.export.rewrite import ExportError, Geometry, SparseSettings, rewrite_attention
 from quest_ort.ops.reference import sparse_block_select
+from quest_ort.ops.schemas import DOMAIN, OPS_BY_NAME
 from quest_ort.runtime.generate import greedy
 from quest_ort.runtime.model import CapacityError, QuestModel
 from support.export_models import TINY, OptimumRunner, quest_export, tiny_model
@@ -190,6 +191,32 @@ def test_int8_kv_keeps_int8_block_bounds_by_default(bounds_dtype, expected):
         assert layer.block_max is None or layer.block_max.dtype == np.dtype(expected)
         if layer.block_exponent is not None:  # the three blocks written (40 tokens of 16) have theirs
             assert (layer.block_exponent[0, :, :3] != 0).all() and (layer.block_exponent[0, :, 3:] == 0).all()
+
+
+@pytest.mark.parametrize("kv_dtype, importance_fraction", [("float32", 0.0), ("int8", 0.0), ("int8", 0.25)])
+def test_quest_nodes_name_only_the_optional_outputs_the_graph_reads(kv_dtype, importance_fraction):
+    """An optional output of a Quest node has a name exactly when the graph reads it. An int8
+    cache's SparseBlockAttention has outputs after its block importance (the new rows' scales), so
+    the importance must be left unnamed (absent) without --importance-fraction: named, the op
+    computes it in every step for nothing (it did, while the rewriter's renaming called it "v_3")."""
+    folder = quest_export("qwen3", top_k=4, kv_dtype=kv_dtype, importance_fraction=importance_fraction)
+    graph = onnx.load(str(folder / "model.quest.onnx"), load_external_data=False).graph
+    read = ({name for node in graph.node for name in node.input} | {value.name for value in graph.output}) - {""}
+    checked = 0
+    for node in (node for node in graph.node if node.domain == DOMAIN):
+        for name, tensor in zip(node.output, OPS_BY_NAME[node.op_type].outputs, strict=False):
+            if tensor.optional:
+                assert (name != "") == (name in read), f"{node.name}: output {tensor.name} named {name!r}"
+                checked += 1
+    attention = [node for node in graph.node if node.op_type == "SparseBlockAttention"]
+    assert checked >= len(attention) * (3 if kv_dtype == "int8" else 0)
+    importance = [node.output[3] if len(node.output) > 3 else "" for node in attention]
+    assert [name != "" for name in importance] == [importance_fraction > 0 and i in _sparse(folder)
+                                                   for i in range(len(attention))]
+
+
+def _sparse(folder) -> list[int]:
+    return QuestModel(folder, threads=1).sidecar.sparse_layers
 
 
 def test_int8_kv_refuses_what_it_cannot_serve():
