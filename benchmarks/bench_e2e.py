@@ -57,7 +57,6 @@ def ensure_models() -> dict[str, pathlib.Path]:
     from quest_ort.apps.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
     from quest_ort.model_folder.settings import default_bounds_dtype
-    from quest_ort.model_folder.sidecar import Sidecar
 
     checkpoint = MODELS / "qwen3-0.6b-geometry" / "checkpoint"
     if not (checkpoint / "config.json").is_file():
@@ -74,12 +73,31 @@ def ensure_models() -> dict[str, pathlib.Path]:
         name = "gqa" if attention == "gqa" else (f"quest-k{settings.top_k}-p{settings.block_size}-{settings.group_reduce}"
                                                  + ("" if bounds == "float16" else f"-b{bounds}"))
         folder = MODELS / f"qwen3-0.6b-geometry-{name}-{kv_dtype}-{WEIGHTS}"
-        if not (folder / "quest_model.json").is_file() or "logits_keep" not in Sidecar.read(folder).inputs:
+        if not (folder / "quest_model.json").is_file() or _older_export(folder):
             print(f"exporting {kind} ...", flush=True)  # (again, when an older exporter wrote the folder)
             export_sparse("qwen3", output=folder, settings=settings, model=str(checkpoint), capacity=CAPACITY,
                           overwrite=True)
         folders[kind] = folder
     return folders
+
+
+def _older_export(folder: pathlib.Path) -> bool:
+    """Whether an older exporter wrote `folder`: its graph has no logits_keep input, or a Quest node
+    names an optional output nothing reads (the op computes it for nothing: an int8 cache's block
+    importance, before 2026-12-04)."""
+    import onnx
+
+    from quest_ort.model_folder.sidecar import Sidecar
+    from quest_ort.ops.schemas import DOMAIN, OPS_BY_NAME
+
+    sidecar = Sidecar.read(folder)
+    if "logits_keep" not in sidecar.inputs:
+        return True
+    graph = onnx.load(str(folder / sidecar.model_file), load_external_data=False).graph
+    read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
+    return any(tensor.optional and name and name not in read
+               for node in graph.node if node.domain == DOMAIN
+               for name, tensor in zip(node.output, OPS_BY_NAME[node.op_type].outputs, strict=False))
 
 
 def open_model(kind: str, folder: pathlib.Path, threads: int):
