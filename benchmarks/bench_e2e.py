@@ -87,17 +87,13 @@ def _older_export(folder: pathlib.Path) -> bool:
     importance, before 2026-12-04)."""
     import onnx
 
+    from quest_ort.model_folder.folder_check import unread_optional_outputs
     from quest_ort.model_folder.sidecar import Sidecar
-    from quest_ort.ops.schemas import DOMAIN, OPS_BY_NAME
 
     sidecar = Sidecar.read(folder)
     if "logits_keep" not in sidecar.inputs:
         return True
-    graph = onnx.load(str(folder / sidecar.model_file), load_external_data=False).graph
-    read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
-    return any(tensor.optional and name and name not in read
-               for node in graph.node if node.domain == DOMAIN
-               for name, tensor in zip(node.output, OPS_BY_NAME[node.op_type].outputs, strict=False))
+    return bool(unread_optional_outputs(onnx.load(str(folder / sidecar.model_file), load_external_data=False).graph))
 
 
 def open_model(kind: str, folder: pathlib.Path, threads: int):

@@ -86,6 +86,27 @@ def float_weight_gathers(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
             if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and node.input[0] in matrices]
 
 
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every value name a node of `graph` (or of a subgraph inside it) reads, and its outputs."""
+    read = {value.name for value in graph.output}
+    for node in graph.node:
+        read.update(node.input)
+        for attribute in node.attribute:
+            for body in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                read |= _names_read(body)
+    return read
+
+
+def unread_optional_outputs(graph: onnx.GraphProto) -> list[tuple[onnx.NodeProto, str]]:
+    """(node, output name) for each optional output of a Quest node that is named but read by no
+    node and is no graph output: the op computes it in every step for nothing. Exporters before
+    2026-12-04 wrote such graphs (an int8 cache's SparseBlockAttention computed its block importance)."""
+    read = _names_read(graph)
+    return [(node, name) for node in graph.node if node.domain == DOMAIN
+            for name, tensor in zip(node.output, OPS_BY_NAME[node.op_type].outputs, strict=False)
+            if tensor.optional and name and name not in read]
+
+
 @dataclasses.dataclass
 class _Value:
     dtype: str

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import warnings
 
 import numpy as np
 import onnxruntime as ort
 
 from ..model_folder.cache import LayerCaches, cache_layout
-from ..model_folder.folder_check import check_sidecar_against_graph
+from ..model_folder.folder_check import check_sidecar_against_graph, unread_optional_outputs
 from ..model_folder.safety import check_external_data, load_model_file
 from ..model_folder.sidecar import SIDECAR_NAME, Sidecar
 from .binding import InPlaceStep
@@ -31,6 +32,21 @@ from .sessions import NUMPY_TYPES, make_session
 
 
 _LOGITS_TYPES = ("tensor(float)", "tensor(float16)")
+
+
+class OlderExportWarning(UserWarning):
+    """The folder's graph computes an output nothing reads: its results are right, its steps slower
+    than the same export written by this version."""
+
+
+def _warn_unread_outputs(model, model_path: pathlib.Path, family: str) -> None:
+    unread = unread_optional_outputs(model.graph)
+    if unread:
+        node, name = unread[0]
+        warnings.warn(f"{model_path}: {len(unread)} optional output(s) of Quest nodes are computed in every step "
+                      f"and read by nothing (first: {node.op_type} {node.name!r} output {name!r}); an older "
+                      f"exporter wrote this graph. Export it again (export-sparse {family} with the same options): "
+                      "the same results, faster steps.", OlderExportWarning, stacklevel=3)
 
 
 class CapacityError(ValueError):
@@ -88,6 +104,7 @@ class QuestModel:
         # The caches are built and bound from the sidecar alone: it must describe this graph.
         check_sidecar_against_graph(self.sidecar, graph, self.directory / SIDECAR_NAME, model_path,
                                     variant=model_file not in (None, self.sidecar.model_file))
+        _warn_unread_outputs(graph, model_path, self.sidecar.family)
         del graph  # the session reads the file itself
         self.session = make_session(str(model_path), threads=threads, providers=providers, initializers=initializers,
                                     register_library=not self.sidecar.settings.portable)

@@ -9,6 +9,7 @@ import math
 import pathlib
 import shutil
 import tempfile
+import warnings
 
 import numpy as np
 import onnx
@@ -17,7 +18,7 @@ from onnx import helper, numpy_helper
 
 from quest_ort.model_folder.safety import UnsafeModelError, check_external_data
 from quest_ort.runtime.generate import Generator, Sampling
-from quest_ort.runtime.model import QuestModel
+from quest_ort.runtime.model import OlderExportWarning, QuestModel
 from support.export_models import quest_export, tiny_model
 
 SIDECAR = "quest_model.json"
@@ -266,6 +267,33 @@ def test_a_variant_graph_may_change_the_selection_but_not_the_caches(tmp_path):
     onnx.save(model, str(folder / "model.p8.onnx"))
     with pytest.raises(ValueError, match="block_size"):
         QuestModel(folder, threads=1, model_file="model.p8.onnx")
+
+
+def _name_int8_importance(model):
+    """What exporters before 2026-12-04 wrote: each int8 SparseBlockAttention's block importance
+    output named although nothing reads it (outputs after it, the new rows' scales, are read)."""
+    for index, node in enumerate(n for n in model.graph.node if n.op_type == "SparseBlockAttention"):
+        assert node.output[3] == ""
+        node.output[3] = f"unread_importance_{index}"
+
+
+def test_a_graph_that_computes_an_unread_output_opens_with_a_warning_naming_it(tmp_path):
+    """An older export's int8 graph names an optional output nothing reads: the same logits, slower
+    steps. The runtime opens it and says so once, naming the node, the output and the remedy; what
+    the exporter writes today opens without a word."""
+    export = dict(top_k=4, kv_dtype="int8", group_reduce="none")
+    prompt = np.random.default_rng(3).integers(0, 256, 40).tolist()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OlderExportWarning)
+        want = Generator(QuestModel(quest_export("qwen3", **export), threads=1)).generate([prompt], Sampling(8))
+    folder = _folder(tmp_path, **export)
+    _edit_graph(folder, _name_int8_importance)
+    with pytest.warns(OlderExportWarning) as caught:
+        model = QuestModel(folder, threads=1)
+    message = str(caught[0].message)
+    for word in (GRAPH, "SparseBlockAttention", "'unread_importance_0'", "export-sparse qwen3", "read by nothing"):
+        assert word in message, f"{word!r} not in {message!r}"
+    assert Generator(model).generate([prompt], Sampling(8)) == want
 
 
 # --- the sidecar alone ------------------------------------------------------------------------
