@@ -105,11 +105,11 @@ inline int8_t quantize_block_lanes(const float* hi, const float* lo, int64_t D, 
 // quantized) round the run's max and min once instead: rounding outward is monotone, so the
 // rounded max is the max of the rounded keys, up to the sign of a zero, which their codes cannot
 // tell (ceil and floor to an integer code): four float16 conversions per key chunk fewer, 1.07x on
-// the 32K int8 build (AVX2 EPYC, alternating runs). Int8 bounds also remember a non-finite key (a later merge may drop a NaN):
-// poison gets NaN in a lane where a key, or the run's rounded max or min, was NaN or infinite (x - x
-// is NaN for them; a key past float16's range rounds to an infinity); the run sums that in a
-// register of its own and adds it once (a sum kept in the caller's variable went through memory on
-// every chunk).
+// the 32K int8 build (AVX2 EPYC, alternating runs). Int8 bounds also remember a non-finite key (a
+// later merge may drop a NaN): poison gets NaN in a lane where a key, or the run's rounded max or
+// min, was NaN or infinite (x - x is NaN for them; a key past float16's range rounds to an
+// infinity); the run sums that in a register of its own and adds it once (a sum kept in the
+// caller's variable went through memory on every chunk).
 // The keys are one sequential stream, which the hardware prefetchers follow best on their own:
 // software prefetches 16 rows ahead made the 32K build 25% slower on an AVX-512 EPYC (20 against
 // 26 GB/s).
@@ -117,7 +117,6 @@ template <int Chunks, bool Full, typename TK, typename TR, bool Int8Held, typena
 QUEST_INLINE void merge_run(const Key& key, int64_t count, int64_t D, int64_t d, bool starts_block, TB* hi, TB* lo,
                             Lanes& poison) {
   Lanes top[Chunks], bottom[Chunks];  // indexed by constants only (unrolled): they stay in registers
-  Lanes seen = Lanes::zero();
   const auto row = [&](int64_t t, int c) QUEST_INLINE_LAMBDA {
     return key(t, d + c * kChunk, std::bool_constant<Full>{});
   };
@@ -128,6 +127,7 @@ QUEST_INLINE void merge_run(const Key& key, int64_t count, int64_t D, int64_t d,
   };
   if constexpr (Int8Held) {
     Lanes high[Chunks], low[Chunks];
+    Lanes seen = Lanes::zero();
     unrolled<Chunks>([&](auto c) {
       high[c] = low[c] = row(0, c);
       seen = seen + (high[c] - high[c]);
