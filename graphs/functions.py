@@ -17,6 +17,11 @@ from .bodies import BODIES
 from .op_graphs import OPSET
 
 _IMPORTANCE_OUTPUT = OPS_BY_NAME["SparseBlockAttention"].output_index("block_importance")
+_CHUNKS_OUTPUT = OPS_BY_NAME["SparseBlockSelect"].output_index("chunk_indices")
+
+
+def _has_output(node: ir.Node, index: int) -> bool:
+    return len(node.outputs) > index and bool(node.outputs[index].name)
 
 
 def _node_arguments(node: ir.Node) -> tuple[list, dict]:
@@ -25,8 +30,9 @@ def _node_arguments(node: ir.Node) -> tuple[list, dict]:
     inputs = list(node.inputs) + [None] * (len(spec.inputs) - len(node.inputs))
     attributes = spec.defaults() | {name: attr.value for name, attr in node.attributes.items()}
     if node.op_type == "SparseBlockAttention":
-        outputs = node.outputs
-        attributes["with_importance"] = len(outputs) > _IMPORTANCE_OUTPUT and bool(outputs[_IMPORTANCE_OUTPUT].name)
+        attributes["with_importance"] = _has_output(node, _IMPORTANCE_OUTPUT)
+    if node.op_type == "SparseBlockSelect":
+        attributes["with_chunks"] = _has_output(node, _CHUNKS_OUTPUT)
     return inputs, attributes
 
 

@@ -142,6 +142,16 @@ _EXACT_LENS = Tensor(
     "queries at positions below it attend exactly (every position up to their own); default 0, none",
     optional=True,
 )
+_CHUNK_LENS = Tensor(
+    "chunk_lens",
+    "int32",
+    ("B",),
+    "queries at positions below it, and not below exact_lens, attend to the blocks their chunk of chunk_size "
+    "queries selected (sparse prefill); default 0, none",
+    optional=True,
+)
+_CHUNK_SIZE = Attribute("chunk_size", "int", "queries per prefill chunk Q: a call's queries [c*Q, c*Q + Q) share a "
+                        "selection (chunk_lens)", default=64, minimum=1)
 _HEADS = (
     Attribute("num_heads", "int", "query heads H", minimum=1),
     Attribute("kv_num_heads", "int", "KV heads N; num_heads must be a multiple", minimum=1),
@@ -210,10 +220,14 @@ SPARSE_BLOCK_SELECT = OpSpec(
         Tensor("key", "T", ("B", "N", "S", "D"), "this call's new keys (score='probe')", optional=True),
         _EXACT_LENS,
         _BLOCK_EXPONENT,
+        _CHUNK_LENS,
     ),
     outputs=(
         Tensor("block_indices", "int32", ("B", "R", "S", "K"),
                "selected blocks, ascending, -1 padded; R = H with group_reduce='none', else N"),
+        Tensor("chunk_indices", "int32", ("B", "N", "NC", "KC"),
+               "blocks each chunk of queries selected (queries below chunk_lens), ascending, -1 padded",
+               optional=True),
     ),
     attributes=(
         *_HEADS,
@@ -252,9 +266,19 @@ SPARSE_BLOCK_SELECT = OpSpec(
             choices=("bound", "probe"),
         ),
         Attribute("num_probes", "int", "keys sampled per block by score='probe'", default=8, minimum=1),
+        _CHUNK_SIZE,
+        Attribute("chunk_top_k", "int", "most blocks a chunk's selection lists KC, its forced blocks included",
+                  default=1024, minimum=1),
+        Attribute("chunk_share", "float", "share of a chunk's candidate blocks it selects by score (at least "
+                  "top_k, at most what chunk_top_k leaves)", default=0.125, minimum=0.0, maximum=1.0),
+        Attribute("chunk_window", "int", "blocks before a chunk's first block that it always lists",
+                  default=64, minimum=0),
+        Attribute("chunk_pool", "int", "consecutive queries of a chunk averaged into one scoring row per head",
+                  default=1, minimum=1),
     ),
-    symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size", "K": "top_k"},
-    derived=(Derived("R", "pick", "N", "H", when=("group_reduce", "none")),),
+    symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size", "K": "top_k", "Q": "chunk_size",
+                  "KC": "chunk_top_k"},
+    derived=(Derived("R", "pick", "N", "H", when=("group_reduce", "none")), Derived("NC", "ceil_div", "S", "Q")),
     cache_types=CACHE_TYPES,
 )
 
@@ -286,6 +310,10 @@ SPARSE_BLOCK_ATTENTION = OpSpec(
         Tensor("key_scale", "float16", ("B", "N", "C"), "per-row scales of an int8 key cache (int8 only)", optional=True),
         Tensor("value_scale", "float16", ("B", "N", "C"), "per-row scales of an int8 value cache (int8 only)",
                optional=True),
+        Tensor("chunk_indices", "int32", ("B", "N", "NC", "KC"),
+               "blocks each chunk of chunk_size queries attends (SparseBlockSelect output), shared by a KV head's "
+               "G query heads: NC = ceil(S / chunk_size); needs chunk_lens", optional=True),
+        _CHUNK_LENS,
     ),
     outputs=(
         Tensor("output", "T", ("B", "S", "HD"), "attention output, heads concatenated"),
@@ -308,8 +336,9 @@ SPARSE_BLOCK_ATTENTION = OpSpec(
         _BLOCK_SIZE,
         Attribute("scale", "float", "logit scale; 0 means 1/sqrt(D)", default=0.0, minimum=0.0),
         Attribute("softcap", "float", "logit soft cap c: c*tanh(x/c); 0 means off", default=0.0, minimum=0.0),
+        _CHUNK_SIZE,
     ),
-    symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size"},
+    symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size", "Q": "chunk_size"},
     derived=(Derived("HD", "mul", "H", "D"), Derived("MC", "ceil_div", "C", "P")),
     cache_types=CACHE_TYPES,
 )

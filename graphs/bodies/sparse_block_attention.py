@@ -4,7 +4,8 @@
 ```
 key/value -Cast(TC)-ScatterElements(axis=2) into [cache ; dummy row C]-Slice(:C)-> cache_out
 query -Cast(f32)-Reshape[B,N,G,S,D]-MatMul(K^T)*scale-(softcap)-Where(mask, ., -inf)-softmax
-   mask = causal (t <= p, valid query) AND (block(t) in block_indices[b, n or h, s] OR p < exact_lens[b])
+   mask = causal (t <= p, valid query) AND (p < exact_lens[b]
+          OR (p < chunk_lens[b] ? block(t) in chunk_indices[b, n, s // Q] : block(t) in block_indices[b, n or h, s]))
 probabilities -(NaN rows)-MatMul(V, non-finite as 0)-(NaN where attended V non-finite)-Transpose-Reshape[B,S,H*D]-Cast(T)-> output
 probabilities -ReduceSum(G, S)-Pad(M*min(P,C))-Reshape[B,N,M,min(P,C)]-ReduceSum-> block_importance
 ```
@@ -38,12 +39,15 @@ def sparse_block_attention_body(
     exact_lens=None,
     key_scale=None,
     value_scale=None,
+    chunk_indices=None,
+    chunk_lens=None,
     *,
     num_heads: int,
     kv_num_heads: int,
     block_size: int,
     scale: float = 0.0,
     softcap: float = 0.0,
+    chunk_size: int = 64,
     with_importance: bool = False,
 ):
     G = num_heads // kv_num_heads
@@ -82,18 +86,37 @@ def sparse_block_attention_body(
     num_blocks = op.Div(op.Add(C, ints(op, block_size - 1)), ints(op, block_size))
     block_ids = op.Range(const(op, 0, np.int64), op.Squeeze(num_blocks, ints(op, 0)), const(op, 1, np.int64))
     mask = op.Unsqueeze(mask, ints(op, 2))  # [B, 1, 1, S, C]
-    if block_indices is not None:
-        # Rows per KV head (R = N) or per query head (R = H): [B, N, R/N, S, K], broadcast over G.
-        rows = op.Reshape(op.Cast(block_indices, to=I64),
-                          op.Concat(dim(op, block_indices, 0), ints(op, kv_num_heads, -1), op.Shape(block_indices, start=2), axis=0))
+    if (chunk_indices is None) != (chunk_lens is None):
+        raise ValueError("SparseBlockAttention: chunk_indices and chunk_lens come together (chunk queries)")
+    row_block = op.Div(cache_rows, const(op, block_size, np.int64))
+
+    def listed(indices, per_query):
+        """[B, N, R/N, S, C]: whether cache row t's block is in the query's row of `indices` [B, R, S', K]
+        (S' = S, or the chunks, gathered per query by `per_query`)."""
+        rows = op.Reshape(op.Cast(indices, to=I64),
+                          op.Concat(dim(op, indices, 0), ints(op, kv_num_heads, -1), op.Shape(indices, start=2), axis=0))
+        if per_query is not None:
+            rows = op.Gather(rows, per_query, axis=3)  # [B, N, R/N, S, K]
         hits = op.Equal(op.Unsqueeze(rows, ints(op, 5)), block_ids)  # [B, N, R/N, S, K, M]
         chosen = op.Cast(op.ReduceMax(op.Cast(hits, to=ir.DataType.INT32), ints(op, 4), keepdims=0), to=ir.DataType.BOOL)
-        row_block = op.Div(cache_rows, const(op, block_size, np.int64))
-        selected = op.Gather(chosen, row_block, axis=4)  # [B, N, 1 or G, S, C]
+        return op.Gather(chosen, row_block, axis=4)
+
+    def below(lens):  # [B, 1, 1, S, 1]: the queries at positions below lens[b]
+        under = op.Less(pos, op.Unsqueeze(op.Cast(lens, to=I64), ints(op, 1)))  # [B, S]
+        return op.Reshape(under, op.Concat(dim(op, under, 0), ints(op, 1, 1), dim(op, under, 1), ints(op, 1), axis=0))
+
+    selected = None  # None: every position up to the query's own
+    if block_indices is not None:  # rows per KV head (R = N) or per query head (R = H), broadcast over G
+        selected = listed(block_indices, None)
+    if chunk_indices is not None:  # queries below chunk_lens read their chunk's row, call index i // Q
+        steps = op.Range(const(op, 0, np.int64), op.Squeeze(S, ints(op, 0)), const(op, 1, np.int64))
+        chunk_rows = listed(chunk_indices, op.Div(steps, const(op, chunk_size, np.int64)))
+        chunked = below(chunk_lens)  # (ONNX Runtime's Where takes no booleans: And / Or instead)
+        rest = op.Not(chunked) if selected is None else op.And(op.Not(chunked), selected)
+        selected = op.Or(op.And(chunked, chunk_rows), rest)
+    if selected is not None:
         if exact_lens is not None:  # queries below exact_lens attend every position up to their own
-            exact = op.Less(pos, op.Unsqueeze(op.Cast(exact_lens, to=I64), ints(op, 1)))  # [B, S]
-            selected = op.Or(selected, op.Reshape(exact, op.Concat(dim(op, exact, 0), ints(op, 1, 1), dim(op, exact, 1),
-                                                                   ints(op, 1), axis=0)))
+            selected = op.Or(selected, below(exact_lens))
         mask = op.And(mask, selected)
 
     neg_inf, nan = const(op, -np.inf, np.float32), const(op, np.nan, np.float32)

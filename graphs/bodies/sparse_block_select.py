@@ -11,7 +11,8 @@ scores -rank among the rest < quota-> score picks
 chosen mask -TopK(M - m)-> ascending block ids, -1 where unchosen, padded to K
 ```
 Ranks come from one TopK over float64 keys: a candidate's value (NaN below -inf, both above
-any non-candidate), ties to the lower index as ONNX TopK specifies. int8 bounds (block_exponent
+any non-candidate), ties to the lower index as ONNX TopK specifies. Chunk queries (chunk_lens) get
+all -1 rows here and their chunk's selection in chunk_indices (_chunk_select). int8 bounds (block_exponent
 given) score their codes with each row quantized to 7-bit magnitudes (quantized_query_rows): the
 same bound is then an exact integer in float32, times the row's a / 127; the reduced score is
 multiplied by the block's 2^e (a table lookup, NaN for 127): one float32 product, as the contract has it.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from ...ops.reference.sparse_block_select import most_chunk_forced
 from ._building import (F32, F64, I64, const, dim, exponent_scale, int8_bounds, ints, lane_sum, positions,
                         quantized_query_rows, repeat_heads, select_max, take, write_tokens)
 
@@ -127,6 +129,135 @@ def _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, grou
     return scores
 
 
+def _chunk_rows(op, query, members, num_heads, kv_num_heads, chunk_size, pool):
+    """(rows [B, N, G, NC, J, D] float32, real [B, 1, 1, NC, J, 1]): per chunk of chunk_size queries and
+    pool group j (call indices [c * Q + j * pool, + pool)), per head g, the mean of the members'
+    queries, summed in call order (CumSum; zeros where a query is no member add nothing) and divided
+    by their count; `real`: the group has members.
+
+    ```
+    query -Cast-Reshape[B,N,G,S,D]-Pad(S -> NC*Q)-Where(member, ., 0)-Reshape[B,N,G,NC,Q,D]
+       -Pad(Q -> J*pool)-Reshape[B,N,G,NC,J,pool,D]-CumSum(pool), last-> sums / counts
+    ```
+    """
+    G, Q = num_heads // kv_num_heads, chunk_size
+    groups = -(-Q // pool)
+    S = dim(op, query, 2)
+    padding = op.Sub(op.Mul(op.Div(op.Add(S, ints(op, Q - 1)), ints(op, Q)), ints(op, Q)), S)
+    shape_q = op.Concat(dim(op, query, 0), ints(op, kv_num_heads, G), op.Shape(query, start=2), axis=0)
+    q = op.Reshape(op.Cast(query, to=F32), shape_q)  # [B, N, G, S, D]
+    q = op.Pad(q, op.Concat(ints(op, 0, 0, 0, 0, 0, 0, 0, 0), padding, ints(op, 0), axis=0))
+    member = op.Pad(members, op.Concat(ints(op, 0, 0, 0), padding, axis=0))  # [B, NC*Q]
+    q = op.Where(op.Unsqueeze(member, ints(op, 1, 2, 4)), q, const(op, 0.0, np.float32))
+    by_chunk = op.Concat(dim(op, query, 0), ints(op, kv_num_heads, G, -1, Q), dim(op, query, 3), axis=0)
+    q = op.Reshape(q, by_chunk)  # [B, N, G, NC, Q, D]
+    extra = groups * pool - Q
+    q = op.Pad(q, ints(op, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, extra, 0))
+    q = op.Reshape(q, op.Concat(op.Shape(q, end=4), ints(op, groups, pool), dim(op, query, 3), axis=0))
+    sums = op.Squeeze(take(op, op.CumSum(q, const(op, 5, np.int64)), 5, pool - 1, pool), ints(op, 5))
+    flags = op.Reshape(op.Cast(member, to=F32), op.Concat(dim(op, query, 0), ints(op, -1, Q), axis=0))
+    flags = op.Pad(flags, ints(op, 0, 0, 0, 0, 0, extra))
+    counts = op.ReduceSum(op.Reshape(flags, op.Concat(op.Shape(flags, end=2), ints(op, groups, pool), axis=0)),
+                          ints(op, 3), keepdims=0)  # [B, NC, J]
+    real = op.Greater(counts, const(op, 0.0, np.float32))
+    divisor = op.Where(real, counts, const(op, 1.0, np.float32))
+    rows = op.Div(sums, op.Unsqueeze(divisor, ints(op, 1, 2, 5)))
+    return rows, op.Unsqueeze(real, ints(op, 1, 2, 5))
+
+
+def _chunk_select(op, query, block_max, block_min, block_exponent, past_lens, pos, valid, exact_lens, chunk_lens, *,
+                  num_heads, kv_num_heads, block_size, top_k, sink_blocks, chunk_size, chunk_top_k, chunk_share,
+                  chunk_window, chunk_pool):
+    """chunk_indices [B, N, NC, KC] int32 (docs/ops.md, chunk queries).
+
+    ```
+    members (valid, not below exact_lens, below chunk_lens) -Reshape[B,NC,Q]-> first / last member -> blocks
+    _chunk_rows -> bounds [B,N,G,NC,J,M] -> max over real rows (NaN when the first real row's is) -> scores
+    forced (own, window, sinks), keep = min(KC - F, max(K, ceil(share * candidates))) -rank-> chosen
+    chosen -TopK(M - m)-> ascending ids, -1 padded to KC; chunks without members all -1
+    ```
+    """
+    Q, P = chunk_size, block_size
+    M = dim(op, block_max, 2)
+    members = op.And(valid, op.Less(pos, op.Unsqueeze(op.Cast(chunk_lens, to=I64), ints(op, 1))))
+    if exact_lens is not None:
+        members = op.And(members, op.GreaterOrEqual(pos, op.Unsqueeze(op.Cast(exact_lens, to=I64), ints(op, 1))))
+    rows, real = _chunk_rows(op, query, members, num_heads, kv_num_heads, Q, chunk_pool)  # [B,N,G,NC,J,D]
+    factor = None
+    if block_exponent is not None:
+        rows, factor = quantized_query_rows(op, rows)
+    q = op.Unsqueeze(rows, ints(op, 5))  # [B, N, G, NC, J, 1, D]
+    kmax = op.Unsqueeze(op.Cast(block_max, to=F32), ints(op, 2, 3, 4))  # [B, N, 1, 1, 1, M, D]
+    kmin = op.Unsqueeze(op.Cast(block_min, to=F32), ints(op, 2, 3, 4))
+    if factor is None:
+        per_row = lane_sum(op, select_max(op, op.Mul(q, kmax), op.Mul(q, kmin)), rank=7)  # [B, N, G, NC, J, M]
+    else:
+        chosen_bound = op.Where(op.Greater(q, const(op, 0.0, np.float32)), kmax, kmin)
+        per_row = op.Mul(lane_sum(op, op.Mul(q, chosen_bound), rank=7), factor)
+    # The rows in order (group, then head), `s_r > s ? s_r : s` from the first real row: the max of the
+    # real rows that are numbers, or NaN when the first real row's bound is NaN.
+    neg_inf = const(op, -np.inf, np.float32)
+    numbers = op.Where(op.And(real, op.Equal(per_row, per_row)), per_row, neg_inf)
+    best = op.ReduceMax(numbers, ints(op, 2, 4), keepdims=0)  # [B, N, NC, M]
+    padded = op.Pad(members, op.Concat(ints(op, 0, 0, 0), op.Sub(op.Mul(
+        op.Div(op.Add(dim(op, query, 2), ints(op, Q - 1)), ints(op, Q)), ints(op, Q)), dim(op, query, 2)), axis=0))
+    by_chunk = op.Reshape(padded, op.Concat(dim(op, query, 0), ints(op, -1, Q), axis=0))  # [B, NC, Q]
+    offsets = op.Range(const(op, 0, np.int64), const(op, Q, np.int64), const(op, 1, np.int64))
+    first = op.ReduceMin(op.Where(by_chunk, offsets, const(op, Q, np.int64)), ints(op, 2), keepdims=0)  # [B, NC]
+    last = op.ReduceMax(op.Where(by_chunk, offsets, const(op, -1, np.int64)), ints(op, 2), keepdims=0)
+    has_members = op.Less(first, const(op, Q, np.int64))
+    group = op.Div(op.Min(first, const(op, Q - 1, np.int64)), const(op, chunk_pool, np.int64))  # [B, NC]
+    head0 = op.Squeeze(take(op, per_row, 2, 0, 1), ints(op, 2))  # [B, N, NC, J, M]
+    at = op.Expand(op.Unsqueeze(group, ints(op, 1, 3, 4)), op.Concat(op.Shape(head0, end=3), ints(op, 1), M, axis=0))
+    first_row = op.Squeeze(op.GatherElements(head0, at, axis=3), ints(op, 3))  # [B, N, NC, M]
+    scores = op.Where(op.Equal(first_row, first_row), best, const(op, np.nan, np.float32))
+    if block_exponent is not None:
+        scores = op.Mul(scores, op.Unsqueeze(exponent_scale(op, block_exponent), ints(op, 2)))
+
+    chunk_first = op.Mul(op.Range(const(op, 0, np.int64), op.Squeeze(op.Shape(first, start=1), ints(op, 0)),
+                                  const(op, 1, np.int64)), const(op, Q, np.int64))  # [NC]
+    past = op.Unsqueeze(op.Cast(past_lens, to=I64), ints(op, 1))  # [B, 1]: the position of call index 0
+    first_block = op.Div(op.Add(op.Add(past, chunk_first), first), const(op, P, np.int64))  # [B, NC]
+    last_block = op.Div(op.Add(op.Add(past, chunk_first), op.Max(last, const(op, 0, np.int64))), const(op, P, np.int64))
+    blocks = op.Range(const(op, 0, np.int64), op.Squeeze(M, ints(op, 0)), const(op, 1, np.int64))  # [M]
+    unsq = lambda x: op.Unsqueeze(x, ints(op, 1, 3))  # [B, NC] -> [B, 1, NC, 1]
+    eligible = op.And(op.LessOrEqual(blocks, unsq(last_block)), unsq(has_members))  # [B, 1, NC, M]
+    window_start = op.Max(op.Sub(first_block, const(op, chunk_window, np.int64)), const(op, 0, np.int64))
+    forced = op.And(eligible, op.Or(op.GreaterOrEqual(blocks, unsq(window_start)),
+                                    op.Less(blocks, const(op, sink_blocks, np.int64))))
+    count = lambda x: op.ReduceSum(op.Cast(x, to=I64), ints(op, -1), keepdims=1)
+    n_forced = count(forced)
+    candidates_n = op.Sub(count(eligible), n_forced)
+    share = float(np.float32(chunk_share))  # the kernels read the attribute as float32
+    wanted = op.Cast(op.Ceil(op.Mul(op.Cast(candidates_n, to=F64), const(op, share, np.float64))), to=I64)
+    keep = op.Min(op.Sub(const(op, chunk_top_k, np.int64), n_forced), op.Max(const(op, top_k, np.int64), wanted))
+    everything = op.LessOrEqual(candidates_n, keep)  # [B, 1, NC, 1]
+    shape = op.Concat(dim(op, query, 0), ints(op, kv_num_heads), op.Shape(first, start=1), M, axis=0)
+    eligible, forced = op.Expand(eligible, shape), op.Expand(forced, shape)
+    candidates = op.And(eligible, op.Not(forced))
+    ranked = op.And(candidates, op.Less(_rank(op, scores, candidates, M), keep))
+    # (ONNX Runtime's Where takes no booleans: And / Or instead)
+    chosen = op.Or(op.And(everything, eligible), op.And(op.Not(everything), op.Or(forced, ranked)))
+    return _ascending_ids(op, chosen, blocks, M, chunk_top_k)
+
+
+def _ascending_ids(op, chosen, blocks, M, width):
+    """The chosen blocks [..., M] as ascending ids, -1 padded to `width`, int32.
+
+    ```
+    chosen -Where(M - m, 0)-TopK(min(M, width))-> ids (-1 where unchosen) -Pad(-1) to width
+    ```
+    """
+    K = const(op, width, np.int64)
+    order_key = op.Where(chosen, op.Sub(M, blocks), const(op, 0, np.int64))
+    key_values, block_ids = op.TopK(order_key, op.Min(M, op.Reshape(K, ints(op, 1))), axis=-1, largest=1, sorted=1,
+                                    _outputs=2)
+    ids = op.Where(op.Greater(key_values, const(op, 0, np.int64)), block_ids, const(op, -1, np.int64))
+    pad_right = op.Max(op.Sub(op.Reshape(K, ints(op, 1)), M), ints(op, 0))
+    ids = op.Pad(ids, op.Concat(ints(op, 0, 0, 0, 0, 0, 0, 0), pad_right, axis=0), const(op, -1, np.int64))
+    return op.Cast(ids, to=ir.DataType.INT32)
+
+
 def sparse_block_select_body(
     op,
     query,
@@ -139,6 +270,7 @@ def sparse_block_select_body(
     key=None,
     exact_lens=None,
     block_exponent=None,
+    chunk_lens=None,
     *,
     num_heads: int,
     kv_num_heads: int,
@@ -150,10 +282,43 @@ def sparse_block_select_body(
     importance_fraction: float = 0.0,
     score: str = "bound",
     num_probes: int = 8,
+    chunk_size: int = 64,
+    chunk_top_k: int = 1024,
+    chunk_share: float = 0.125,
+    chunk_window: int = 64,
+    chunk_pool: int = 1,
+    with_chunks: bool = False,
 ):
+    """block_indices, and with `with_chunks` (the node has output chunk_indices) chunk_indices too."""
     if int8_bounds("SparseBlockSelect", block_max, block_exponent) and score == "probe":
         raise ValueError("SparseBlockSelect: score='probe' needs float bounds (its 'key_cache' shares their type); "
                          "got int8 bounds ('block_exponent' given)")
+    most = most_chunk_forced(chunk_size, block_size, chunk_window, sink_blocks)
+    if chunk_top_k < most:
+        raise ValueError(f"SparseBlockSelect: attribute 'chunk_top_k' = {chunk_top_k} cannot hold a chunk's forced "
+                         f"blocks: up to {most}")
+    per_token = _per_token_select(op, query, block_max, block_min, past_lens, total_lens, block_importance, key_cache,
+                                  key, exact_lens, block_exponent, chunk_lens, num_heads=num_heads,
+                                  kv_num_heads=kv_num_heads, block_size=block_size, top_k=top_k,
+                                  sink_blocks=sink_blocks, recent_blocks=recent_blocks, group_reduce=group_reduce,
+                                  importance_fraction=importance_fraction, score=score, num_probes=num_probes)
+    if not with_chunks:
+        return per_token
+    pos, valid = positions(op, past_lens, total_lens, dim(op, query, 2))
+    if chunk_lens is None:  # no chunk queries: every chunk row all -1
+        chunk_lens = op.Cast(op.Mul(past_lens, const(op, 0, np.int32)), to=ir.DataType.INT32)
+    chunks = _chunk_select(op, query, block_max, block_min, block_exponent, past_lens, pos, valid, exact_lens,
+                           chunk_lens,
+                           num_heads=num_heads, kv_num_heads=kv_num_heads, block_size=block_size, top_k=top_k,
+                           sink_blocks=sink_blocks, chunk_size=chunk_size, chunk_top_k=chunk_top_k,
+                           chunk_share=chunk_share, chunk_window=chunk_window, chunk_pool=chunk_pool)
+    return per_token, chunks
+
+
+def _per_token_select(op, query, block_max, block_min, past_lens, total_lens, block_importance, key_cache, key,
+                      exact_lens, block_exponent, chunk_lens, *, num_heads, kv_num_heads, block_size, top_k,
+                      sink_blocks, recent_blocks, group_reduce, importance_fraction, score, num_probes):
+    """block_indices [B, R, S, K]: the queries that select per token."""
     if group_reduce == "none":
         # Each query head alone is the shared policy over its KV head's inputs repeated per query head.
         G = num_heads // kv_num_heads
@@ -161,10 +326,10 @@ def sparse_block_select_body(
         def per_head(x, rank):
             return None if x is None else repeat_heads(op, x, G, rank)
 
-        return sparse_block_select_body(
+        return _per_token_select(
             op, query, per_head(block_max, 4), per_head(block_min, 4), past_lens, total_lens,
             per_head(block_importance, 3), per_head(key_cache, 4), per_head(key, 4), exact_lens,
-            per_head(block_exponent, 3), num_heads=num_heads,
+            per_head(block_exponent, 3), chunk_lens, num_heads=num_heads,
             kv_num_heads=num_heads, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
             recent_blocks=recent_blocks, group_reduce="mean", importance_fraction=importance_fraction, score=score,
             num_probes=num_probes)
@@ -174,6 +339,8 @@ def sparse_block_select_body(
         probe_valid = valid
     if exact_lens is not None:  # queries below exact_lens attend exactly: they select nothing
         valid = op.And(valid, op.GreaterOrEqual(pos, op.Unsqueeze(op.Cast(exact_lens, to=I64), ints(op, 1))))
+    if chunk_lens is not None:  # nor do chunk queries: their chunk selects for them
+        valid = op.And(valid, op.GreaterOrEqual(pos, op.Unsqueeze(op.Cast(chunk_lens, to=I64), ints(op, 1))))
     current = op.Unsqueeze(op.Div(pos, const(op, block_size, np.int64)), ints(op, 1, 3))  # [B, 1, S, 1]
     blocks = op.Range(const(op, 0, np.int64), op.Squeeze(M, ints(op, 0)), const(op, 1, np.int64))  # [M]
     eligible = op.And(op.LessOrEqual(blocks, current), op.Unsqueeze(valid, ints(op, 1, 3)))  # [B, 1, S, M]
@@ -208,11 +375,4 @@ def sparse_block_select_body(
     candidates = op.And(eligible, op.Not(chosen))
     chosen = op.Or(chosen, op.And(candidates, op.Less(_rank(op, scores, candidates, M), remaining)))
 
-    # Chosen blocks in ascending order: the largest M - m first; unchosen ones become -1.
-    order_key = op.Where(chosen, op.Sub(M, blocks), const(op, 0, np.int64))
-    width = op.Min(M, op.Reshape(K, ints(op, 1)))
-    key_values, block_ids = op.TopK(order_key, width, axis=-1, largest=1, sorted=1, _outputs=2)
-    ids = op.Where(op.Greater(key_values, const(op, 0, np.int64)), block_ids, const(op, -1, np.int64))
-    pad_right = op.Max(op.Sub(op.Reshape(K, ints(op, 1)), M), ints(op, 0))
-    ids = op.Pad(ids, op.Concat(ints(op, 0, 0, 0, 0, 0, 0, 0), pad_right, axis=0), const(op, -1, np.int64))
-    return op.Cast(ids, to=ir.DataType.INT32)
+    return _ascending_ids(op, chosen, blocks, M, top_k)

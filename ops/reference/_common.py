@@ -66,14 +66,15 @@ def resolve_total_lens(
     return total
 
 
-def resolve_exact_lens(exact_lens: np.ndarray | None, total: np.ndarray) -> np.ndarray:
+def resolve_exact_lens(exact_lens: np.ndarray | None, total: np.ndarray, name: str = "exact_lens") -> np.ndarray:
     """Validate `exact_lens` (0 <= exact_lens[b] <= total_lens[b]); absent means 0: no query
-    attends exactly. Raises ValueError naming the input, like the kernels."""
+    attends exactly. Raises ValueError naming the input, like the kernels. `chunk_lens` takes the
+    same rule (`name`)."""
     if exact_lens is None:
         return np.zeros_like(total)
     exact = np.asarray(exact_lens, dtype=np.int64)
     if (exact < 0).any() or (exact > total).any():
-        raise ValueError(f"exact_lens must lie in [0, total_lens], got {exact.tolist()} with total_lens {total.tolist()}")
+        raise ValueError(f"{name} must lie in [0, total_lens], got {exact.tolist()} with total_lens {total.tolist()}")
     return exact
 
 

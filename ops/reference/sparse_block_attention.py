@@ -33,6 +33,22 @@ def check_block_indices(block_indices, num_blocks, num_heads, kv_num_heads):
             raise ValueError(f"block_indices repeats a block in row {row.tolist()}")
 
 
+def check_chunk_inputs(chunk_indices, chunk_lens, total, num_blocks, kv_num_heads, new_tokens, chunk_size):
+    """chunk_lens resolved ([B], 0 when absent): chunk_indices and chunk_lens come together, one row of
+    blocks per KV head and chunk of the call (NC = ceil(S / chunk_size)), entries as block_indices'."""
+    if (chunk_indices is None) != (chunk_lens is None):
+        raise ValueError("chunk_indices and chunk_lens come together: give both or neither")
+    chunked = resolve_exact_lens(chunk_lens, total, "chunk_lens")
+    if chunk_indices is None:
+        return chunked
+    chunks = -(-new_tokens // chunk_size)
+    if chunk_indices.shape[1] != kv_num_heads or chunk_indices.shape[2] != chunks:
+        raise ValueError(f"chunk_indices must be [B, N = {kv_num_heads}, NC = ceil(S / chunk_size) = {chunks}, KC], "
+                         f"got {list(chunk_indices.shape)}")
+    check_block_indices(chunk_indices, num_blocks, kv_num_heads, kv_num_heads)
+    return chunked
+
+
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -65,18 +81,22 @@ def sparse_block_attention(
     exact_lens=None,
     key_scale=None,
     value_scale=None,
+    chunk_indices=None,
+    chunk_lens=None,
     *,
     num_heads,
     kv_num_heads,
     block_size,
     scale=0.0,
     softcap=0.0,
+    chunk_size=64,
 ):
     """Return (output [B,S,H*D], key_cache_out, value_cache_out, block_importance [B,N,ceil(C/P)]),
     and with int8 caches also (key_scale_out, value_scale_out): the op's outputs in order.
 
-    A query attends exactly (every position up to its own) without block_indices, or when its
-    position is below exact_lens[b]; else the positions of its selected blocks.
+    A query attends exactly (every position up to its own) when its position is below exact_lens[b];
+    else, below chunk_lens[b], the positions of its chunk's blocks (chunk_indices[b, n, i // chunk_size],
+    shared by the G heads); else those of its own blocks (block_indices), or exactly without them.
 
     Attention is computed in float64 on the values the caches hold (new keys and values rounded to
     the cache dtype, or quantized into int8 rows and dequantized), so the kernels' float32
@@ -90,6 +110,7 @@ def sparse_block_attention(
     total = resolve_total_lens(past_lens, total_lens, S, C, "the cache capacity C")
     check_block_indices(block_indices, M, H, N)
     exact = resolve_exact_lens(exact_lens, total)
+    chunked = check_chunk_inputs(chunk_indices, chunk_lens, total, M, N, S, chunk_size)
     per_head = block_indices is not None and block_indices.shape[1] == H
     int8 = key_cache.dtype == np.int8
     if int8 != (key_scale is not None and value_scale is not None):
@@ -117,8 +138,12 @@ def sparse_block_attention(
             # Query heads that share their blocks: a KV head's G heads, or each head alone (per_head).
             for first in range(0, H, 1 if per_head else G):
                 heads, n = slice(first, first + (1 if per_head else G)), first // G
-                sparse = block_indices is not None and p >= exact[b]  # else every position up to p
-                row = block_indices[b, first if per_head else n, i] if sparse else None
+                if p < exact[b]:
+                    row = None  # every position up to p
+                elif p < chunked[b]:
+                    row = chunk_indices[b, n, i // chunk_size]
+                else:
+                    row = None if block_indices is None else block_indices[b, first if per_head else n, i]
                 pos = attended_positions(row, p, P)
                 if pos.size == 0:
                     continue

@@ -120,6 +120,110 @@ def select_row(scores, importance, current, top_k, sink_blocks, recent_blocks, i
     return sorted(chosen)
 
 
+def chunk_forced_blocks(first: int, last: int, window: int, sink_blocks: int) -> list[int]:
+    """A chunk's forced blocks in priority order: its own blocks (newest first), the `window` blocks
+    before them (newest first), then the sinks ascending."""
+    order = list(range(last, first - 1, -1))
+    order += [m for m in range(first - 1, first - 1 - window, -1) if m >= 0]
+    return order + [m for m in range(min(sink_blocks, last + 1)) if m not in order]
+
+
+def chunk_budget(candidates: int, forced: int, top_k: int, chunk_top_k: int, chunk_share: float) -> int:
+    """Blocks a chunk selects by score: ceil(share * candidates) in double, at least top_k, at most
+    what chunk_top_k leaves after the forced blocks."""
+    wanted = math.ceil(float(np.float32(chunk_share)) * candidates)
+    return min(chunk_top_k - forced, max(top_k, wanted))
+
+
+def most_chunk_forced(chunk_size: int, block_size: int, window: int, sink_blocks: int) -> int:
+    """The most forced blocks a chunk can have: the blocks chunk_size positions can touch (at most
+    (Q + P - 2) // P + 1), the window and the sinks."""
+    return (chunk_size + block_size - 2) // block_size + 1 + window + sink_blocks
+
+
+def chunk_scoring_rows(query, b: int, n: int, members: range, chunk_first: int, kv_num_heads: int,
+                       pool: int) -> list[np.ndarray]:
+    """The scoring rows of one chunk of KV head n: per pool group (call indices
+    [chunk_first + j * pool, + pool), in order) that holds members, per query head g of the group in
+    order, the mean of the members' queries (summed in order, divided by their count, float32)."""
+    G = query.shape[1] // kv_num_heads
+    rows = []
+    for start in range(chunk_first, members.stop, pool):
+        group = [i for i in range(start, start + pool) if i in members]
+        if not group:
+            continue
+        for g in range(G):
+            total = query[b, n * G + g, group[0]].astype(np.float32)
+            for i in group[1:]:
+                total = total + query[b, n * G + g, i].astype(np.float32)
+            rows.append(total / np.float32(len(group)))
+    return rows
+
+
+def chunk_scores(rows, block_max, block_min, block_exponent, b: int, n: int) -> np.ndarray:
+    """Scores [M] of one chunk of KV head n: its rows' bounds, max-reduced in row order
+    (`s_r > s ? s_r : s`); with int8 bounds each row quantized, its integer bound times its factor,
+    and the reduced score times the block's 2^e."""
+    q = np.stack(rows)  # [R, D]
+    if block_exponent is not None:
+        magnitudes, factor = int8_bounds.quantized_query(q)
+        top, bottom = block_max[b, n].astype(np.int64), block_min[b, n].astype(np.int64)  # [M, D]
+        integer = np.where(q > 0, magnitudes, 0) @ top.T - np.where(q < 0, magnitudes, 0) @ bottom.T  # [R, M]
+        with np.errstate(invalid="ignore"):
+            per_row = integer.astype(np.float32) * factor[:, None]
+    else:
+        kmax, kmin = block_max[b, n].astype(np.float32), block_min[b, n].astype(np.float32)  # [M, D]
+        qd = q[:, None, :]
+        per_row = lane_sum(fmax(qd * kmax, qd * kmin))  # [R, M]
+    scores = per_row[0]
+    for r in range(1, len(rows)):
+        scores = fmax(per_row[r], scores)
+    if block_exponent is not None:
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            scores = scores * int8_bounds.scale_of(block_exponent[b, n])
+    return scores
+
+
+def chunk_select(query, block_max, block_min, block_exponent, past_lens, total, exact, chunk_lens, *, kv_num_heads,
+                 block_size, top_k, sink_blocks, chunk_size, chunk_top_k, chunk_share, chunk_window, chunk_pool):
+    """chunk_indices [B, N, NC, KC]: per chunk of chunk_size queries of the call, the blocks its
+    members (valid queries at positions in [exact_lens, chunk_lens)) attend, ascending, -1 padded."""
+    B, _, S, _ = query.shape
+    N, P, Q = kv_num_heads, block_size, chunk_size
+    NC = -(-S // Q)
+    out = np.full((B, N, NC, chunk_top_k), -1, dtype=np.int32)
+    for b in range(B):
+        past = int(past_lens[b])
+        first_member = max(int(exact[b]), past) - past
+        end_member = min(int(chunk_lens[b]), int(total[b])) - past
+        for c in range(NC):
+            members = range(max(c * Q, first_member), min(c * Q + Q, end_member, S))
+            if len(members) == 0:
+                continue
+            first, last = (past + members.start) // P, (past + members.stop - 1) // P
+            forced = chunk_forced_blocks(first, last, chunk_window, sink_blocks)
+            eligible = last + 1
+            keep = chunk_budget(eligible - len(forced), len(forced), top_k, chunk_top_k, chunk_share)
+            for n in range(N):
+                if eligible - len(forced) <= keep:
+                    chosen = list(range(eligible))
+                else:
+                    rows = chunk_scoring_rows(query, b, n, members, c * Q, N, chunk_pool)
+                    scores = chunk_scores(rows, block_max, block_min, block_exponent, b, n)
+                    candidates = [m for m in range(eligible) if m not in forced]
+                    chosen = sorted(forced + rank_order(scores, candidates)[:keep])
+                out[b, n, c, : len(chosen)] = chosen
+    return out
+
+
+def check_chunk_attributes(chunk_size, chunk_top_k, block_size, chunk_window, sink_blocks):
+    """chunk_top_k must hold the most forced blocks a chunk can have (its own, the window, the sinks)."""
+    most = most_chunk_forced(chunk_size, block_size, chunk_window, sink_blocks)
+    if chunk_top_k < most:
+        raise ValueError(f"chunk_top_k = {chunk_top_k} cannot hold a chunk's forced blocks: up to {most} "
+                         f"(its own blocks, chunk_window = {chunk_window}, sink_blocks = {sink_blocks})")
+
+
 def sparse_block_select(
     query,
     block_max,
@@ -140,12 +244,20 @@ def sparse_block_select(
     key=None,
     exact_lens=None,
     block_exponent=None,
+    chunk_lens=None,
     score="bound",
     num_probes=8,
+    chunk_size=64,
+    chunk_top_k=1024,
+    chunk_share=0.125,
+    chunk_window=64,
+    chunk_pool=1,
 ):
-    """Return block_indices [B, R, S, top_k] int32: chosen blocks ascending, -1 padded; R = N, or H
-    with group_reduce="none". Queries at positions below exact_lens[b] attend exactly: all -1.
-    int8 bounds come with block_exponent (docs/ops.md, int8 block bounds)."""
+    """Return block_indices [B, R, S, top_k] int32, and with chunk_lens given also chunk_indices
+    [B, N, ceil(S / chunk_size), chunk_top_k]: chosen blocks ascending, -1 padded; R = N, or H with
+    group_reduce="none". Queries at positions below exact_lens[b] attend exactly: all -1; the others
+    below chunk_lens[b] select per chunk (chunk_indices), their block_indices rows all -1. int8
+    bounds come with block_exponent (docs/ops.md, int8 block bounds)."""
     B, H, S, _ = query.shape
     N, M = kv_num_heads, block_max.shape[2]
     assert H == num_heads and H % N == 0
@@ -155,12 +267,37 @@ def sparse_block_select(
         raise ValueError(f"int8 bounds take head dims up to {int8_bounds.MOST_CHANNELS}, got {query.shape[-1]}")
     if block_exponent is not None and score == "probe":
         raise ValueError("score='probe' needs float bounds (its key_cache shares their type); got int8 bounds")
+    check_chunk_attributes(chunk_size, chunk_top_k, block_size, chunk_window, sink_blocks)
+    total = resolve_total_lens(past_lens, total_lens, query.shape[2], M * block_size, "M * block_size")
+    exact = resolve_exact_lens(exact_lens, total)
+    chunked = resolve_exact_lens(chunk_lens, total, "chunk_lens")
+    chunks = chunk_select(query, block_max, block_min, block_exponent, past_lens, total, exact, chunked,
+                          kv_num_heads=N, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
+                          chunk_size=chunk_size, chunk_top_k=chunk_top_k, chunk_share=chunk_share,
+                          chunk_window=chunk_window, chunk_pool=chunk_pool)
+    # Chunk queries select nothing per token: to the per-token rule they attend exactly.
+    per_token_exact = np.where(chunked > exact, chunked, exact)
+    indices = per_token_select(query, block_max, block_min, past_lens, total_lens, block_importance,
+                               num_heads=H, kv_num_heads=N, block_size=block_size, top_k=top_k,
+                               sink_blocks=sink_blocks, recent_blocks=recent_blocks, group_reduce=group_reduce,
+                               importance_fraction=importance_fraction, key_cache=key_cache, key=key,
+                               exact_lens=per_token_exact if chunk_lens is not None else exact_lens,
+                               block_exponent=block_exponent, score=score, num_probes=num_probes)
+    return indices if chunk_lens is None else (indices, chunks)
+
+
+def per_token_select(query, block_max, block_min, past_lens, total_lens, block_importance, *, num_heads,
+                     kv_num_heads, block_size, top_k, sink_blocks, recent_blocks, group_reduce, importance_fraction,
+                     key_cache, key, exact_lens, block_exponent, score, num_probes):
+    """block_indices [B, R, S, top_k] of the queries that select per token (docs/ops.md)."""
+    B, H, S, _ = query.shape
+    N, M = kv_num_heads, block_max.shape[2]
     if group_reduce == "none":
         # Each query head alone is the shared policy over its KV head's inputs, one KV head per query head.
         def per_head(x):
             return None if x is None else np.repeat(x, H // N, axis=1)
 
-        return sparse_block_select(
+        return per_token_select(
             query, per_head(block_max), per_head(block_min), past_lens, total_lens, per_head(block_importance),
             num_heads=H, kv_num_heads=H, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
             recent_blocks=recent_blocks, group_reduce="mean", importance_fraction=importance_fraction,

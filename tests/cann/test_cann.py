@@ -19,6 +19,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from quest_ort.ops.reference import sparse_block_select
 from support.cases import CASES, with_specials
 from support.driver_cases import OUTPUTS, read_output, total_lens, write_case
 from support.driver_cases import expected as reference_outputs
@@ -30,8 +31,9 @@ EMULATOR = pathlib.Path(os.environ.get("QUEST_ORT_CANN_EMULATOR", REPO / "build"
 # (vector cores, UB bytes): Ascend 910B; a 910B4-like part; one core with a tiny UB (many chunks,
 # candidates in the GM workspace).
 NPUS = {"910B": (48, 192 * 1024), "40-cores": (40, 192 * 1024), "1-core-16KB": (1, 16 * 1024)}
-# The NPU kernels take float bounds only: int8 bounds are refused (tested below).
-BOUND_CASES = [case for case in CASES if case.score == "bound" and not case.int8_bounds]
+# The NPU kernels take float bounds only: int8 bounds are refused (tested below), and so are chunk
+# queries (a sparse prefill).
+BOUND_CASES = [case for case in CASES if case.score == "bound" and not case.int8_bounds and case.chunk == "none"]
 # The NPU kernels take float caches only: next to int8 caches QuestMetadata is refused (tested below).
 METADATA_CASES = [case for case in BOUND_CASES if not case.int8]
 # The selections the NPU kernel implements: the bound score, one selection per KV head.
@@ -117,7 +119,7 @@ def _paged(inputs, block_size):
     return {**inputs, **grown}
 
 
-FIA_CASES = [case for case in CASES if case.dtypes == ("float16", "float16") and case.reduce != "none"]
+FIA_CASES = [case for case in CASES if case.dtypes == ("float16", "float16") and case.reduce != "none" and case.chunk == "none"]
 
 
 @pytest.mark.parametrize("case", FIA_CASES, ids=lambda case: case.id)
@@ -295,3 +297,33 @@ def test_a_portable_export_runs_without_the_library_and_matches_the_native_ops(t
     assert tokens == want_tokens
     for step, (got, want) in enumerate(zip(logits, want_logits)):
         assert_close(got, want, np.float16, f"portable logits, step {step}")
+
+
+@pytest.mark.parametrize("op_name", ["SparseBlockSelect", "SparseBlockAttention"])
+def test_chunk_queries_have_no_npu_kernel_and_say_so(op_name, tmp_path):
+    """As the CANN op library: a call with chunk queries (a sparse prefill, docs/ops.md) is refused
+    with the reason, never run as per-token or exact queries."""
+    case = next(case for case in CASES if case.chunk != "none" and case.reduce != "none" and not case.int8
+                and not case.int8_bounds and case.exact != "all")
+    inputs, attributes, _ = reference_outputs(op_name, case, None if op_name == "SparseBlockSelect"
+                                              else lambda x: _paged(x, case.block_size))
+    run = _emulate(tmp_path, op_name, inputs, attributes, case, "910B")
+    assert run.returncode == 3 and "chunk queries (chunk_lens, a sparse prefill) have no NPU kernel" in run.stdout, \
+        run.stdout + run.stderr
+
+
+def test_a_select_without_chunk_queries_lists_no_chunk_on_the_npu(tmp_path):
+    """chunk_lens at past_lens (no chunk query, as a decode step of an export with sparse prefill feeds
+    it): the NPU select runs, and the chunks' rows are all -1."""
+    import dataclasses
+
+    case = next(case for case in NPU_SELECT_CASES if not case.int8)
+    inputs, attributes, expected = reference_outputs("SparseBlockSelect", case)
+    inputs = dict(inputs, chunk_lens=inputs["past_lens"])
+    chunked = dataclasses.replace(case, chunk="all")  # the case folder's chunk fields (Q, KC)
+    expected = sparse_block_select(**inputs, **attributes, **chunked.chunk_attributes())
+    run = _emulate(tmp_path, "SparseBlockSelect", inputs, attributes, chunked, "910B")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert_equal(read_output(tmp_path, "cann", "block_indices", expected[0]), expected[0], "block_indices")
+    chunks = read_output(tmp_path, "cann", "chunk_indices", expected[1])
+    assert (chunks == -1).all() and (expected[1] == -1).all()

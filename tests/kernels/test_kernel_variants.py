@@ -89,8 +89,9 @@ def _check_variants(machine, op_name, case, inputs, attributes, expected, tmp_pa
     if op_name == "QuestMetadata":
         for name, want in zip(names, expected):
             assert_used_blocks_equal(scalar[name], want, total, case.block_size, name)
-    elif op_name == "SparseBlockSelect":
-        assert_equal(scalar["block_indices"], expected[0], "block_indices")
+    elif op_name == "SparseBlockSelect":  # and the chunks' selections, with chunk queries
+        for name, want in zip(names, expected):
+            assert_equal(scalar[name], want, name)
     else:  # caches (and int8 caches' scales) bit for bit
         want = dict(zip(names, expected))
         assert_close(scalar["output"], want["output"], np.dtype(case.dtypes[0]), "output")
@@ -190,8 +191,13 @@ def _bounds_no_keys_give(inputs, seed=5):
 BOUND_CASES = [c for c in CASES if c.score == "bound" and c.ranks_blocks()][:8]
 
 
-# (The int8 cases too: their specials are NaN scale rows and the other edge scales.)
-SPECIAL_CASES = [c for c in CASES if c.score == "bound" and not c.int8][:10] + [c for c in CASES if c.int8]
+# (The int8 cases too: their specials are NaN scale rows and the other edge scales; and the chunk
+# queries' cases, but for an int8 one of equal keys: a key scale of 65504 makes every logit of such
+# a row one number near 1e5, whose float32 rounding moves the weights by 0.4% from float64's, the
+# dense walk's as much as the chunks'.)
+SPECIAL_CASES = ([c for c in CASES if c.score == "bound" and not c.int8][:10]
+                 + [c for c in CASES if c.int8 and c.chunk == "none"]
+                 + [c for c in CASES if c.chunk != "none" and not (c.int8 and c.equal_scores)])
 EDGE_INPUTS = {"no keys give": _bounds_no_keys_give, "non-finite": with_specials, "as built": None}
 # (call, case, inputs) runs at the contract's edges: bounds no keys give on short selections;
 # non-finite numbers on every call; and rows of thousands of blocks, which take the paths short

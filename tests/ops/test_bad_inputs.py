@@ -92,6 +92,59 @@ BAD = [
 ]
 
 
+def _valid_chunks(op_name):
+    """A valid call with chunk queries (chunk_size 2: S = 2 is one chunk), chunk_indices asked for
+    from the select, given to the attention."""
+    inputs, attributes, _ = _valid(op_name)
+    chunk = dict(chunk_lens=inputs["past_lens"] + S)
+    attributes = dict(attributes, chunk_size=2)
+    if op_name == "SparseBlockSelect":
+        attributes.update(chunk_top_k=8, chunk_window=1)
+        return {**inputs, **chunk}, attributes, ("block_indices", "chunk_indices")
+    chunk["chunk_indices"] = np.array([0, 1, -1, -1, -1] * (2 * N), np.int32).reshape(2, N, 1, 5)
+    return {**inputs, **chunk}, attributes, ("output", "key_cache_out", "value_cache_out")
+
+
+CHUNK_BAD = [
+    # op, what, change inputs, change attributes, expected words in the message
+    ("SparseBlockSelect", "chunk_lens above total", lambda x: _replace(x, chunk_lens=np.array([7, 12], np.int32)), {}, ["'chunk_lens'[1] = 12", "total_lens[1] = 11"]),
+    ("SparseBlockAttention", "chunk_lens negative", lambda x: _replace(x, chunk_lens=np.array([-1, 0], np.int32)), {}, ["'chunk_lens'[0] = -1", "outside [0,"]),
+    ("SparseBlockSelect", "chunk_top_k below the forced blocks", lambda x: x, {"chunk_top_k": 3}, ["'chunk_top_k' = 3", "forced blocks: up to 4"]),
+    ("SparseBlockSelect", "chunk_share above 1", lambda x: x, {"chunk_share": 1.5}, ["'chunk_share'", "<= 1"]),
+    ("SparseBlockSelect", "chunk_pool 0", lambda x: x, {"chunk_pool": 0}, ["'chunk_pool'", ">= 1"]),
+    ("SparseBlockSelect", "chunk_size 0", lambda x: x, {"chunk_size": 0}, ["'chunk_size'", ">= 1"]),
+    ("SparseBlockAttention", "chunk_indices without chunk_lens", lambda x: _replace(x, chunk_lens=None), {}, ["'chunk_indices' needs input 'chunk_lens'"]),
+    ("SparseBlockAttention", "chunk_lens without chunk_indices", lambda x: _replace(x, chunk_indices=None), {}, ["'chunk_lens' needs input 'chunk_indices'"]),
+    ("SparseBlockAttention", "chunk_indices of other chunks", lambda x: x, {"chunk_size": 1}, ["'chunk_indices' dim 2 is 1", "ceil(S / chunk_size) = 2"]),
+    ("SparseBlockAttention", "chunk_indices of other heads", lambda x: _replace(x, chunk_indices=np.zeros((2, N + 1, 1, 5), np.int32)), {}, ["'chunk_indices' dim 1", "N"]),
+    ("SparseBlockAttention", "chunk_indices past the blocks", lambda x: _replace(x, chunk_indices=np.full((2, N, 1, 5), M, np.int32)), {}, ["'chunk_indices' row 0 holds 4", "outside [-1, 4)"]),
+    ("SparseBlockAttention", "chunk_indices repeat a block", lambda x: _replace(x, chunk_indices=np.ones((2, N, 1, 5), np.int32)), {}, ["'chunk_indices' row 0 repeats block 1"]),
+]
+
+
+@pytest.mark.parametrize("op_name, what, change_inputs, change_attributes, words", CHUNK_BAD,
+                         ids=[f"{b[0]}-{b[1]}" for b in CHUNK_BAD])
+def test_bad_chunk_call_is_reported_by_name(op_name, what, change_inputs, change_attributes, words):
+    """Chunk queries (docs/ops.md, chunk queries): their lengths, attributes and lists are checked as
+    exact_lens and block_indices are, before anything is written."""
+    inputs, attributes, outputs = _valid_chunks(op_name)
+    run_op(op_name, inputs, attributes, outputs=outputs)  # the valid baseline runs
+    inputs = change_inputs(inputs)
+    attributes = {k: v for k, v in {**attributes, **change_attributes}.items() if v is not None}
+    with pytest.raises(Exception) as error:
+        run_op(op_name, inputs, attributes, outputs=outputs, symbolic_dims=False)
+    message = str(error.value)
+    for word in words:
+        assert word in message, f"{what}: {word!r} not in error message:\n{message}"
+
+
+def test_chunk_lens_without_the_chunk_output_is_refused():
+    """A select given chunk_lens must have somewhere to write the chunks' lists."""
+    inputs, attributes, _ = _valid_chunks("SparseBlockSelect")
+    with pytest.raises(Exception, match="input 'chunk_lens' is given, but the node has no output 'chunk_indices'"):
+        run_op("SparseBlockSelect", inputs, attributes, outputs=("block_indices",))
+
+
 @pytest.mark.parametrize("op_name, what, change_inputs, change_attributes, words", BAD, ids=[f"{b[0]}-{b[1]}" for b in BAD])
 def test_bad_input_is_reported_by_name(op_name, what, change_inputs, change_attributes, words):
     inputs, attributes, _ = _valid(op_name)

@@ -58,9 +58,14 @@ def _check_metadata(case, inputs, attributes, native):
 
 
 def _check_select(inputs, attributes, native):
+    """block_indices (and, with chunk queries, chunk_indices) bit for bit."""
+    names = outputs_of("SparseBlockSelect", inputs)
     expected = sparse_block_select(**inputs, **attributes)
-    got = run_op("SparseBlockSelect", inputs, attributes, native=native)["block_indices"]
-    assert_equal(got, expected, "block_indices", axes="(b, n, s) x K")
+    expected = dict(zip(names, expected if isinstance(expected, tuple) else (expected,), strict=True))
+    got = run_op("SparseBlockSelect", inputs, attributes, native=native, outputs=names)
+    assert_equal(got["block_indices"], expected["block_indices"], "block_indices", axes="(b, n, s) x K")
+    if "chunk_indices" in names:
+        assert_equal(got["chunk_indices"], expected["chunk_indices"], "chunk_indices", axes="(b, n, chunk) x KC")
 
 
 INT8_BOUND_CASES = [case for case in CASES if case.int8_bounds]

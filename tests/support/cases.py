@@ -82,6 +82,15 @@ class Case:
     dtypes: tuple[str, str]
     exact: str
     bounds: str = "cache"  # BOUNDS; a default, so that the float bounds' cases are built as before
+    # Chunk queries (sparse prefill; CHUNK_CASES): "none", "all" (chunk_lens = total_lens: every query
+    # not below exact_lens) or "three-quarters" (chunk_lens at 3/4 of the call: the rest select per
+    # token). The chunk attributes are given to chunk cases only.
+    chunk: str = "none"
+    chunk_size: int = 64
+    chunk_pool: int = 1
+    chunk_window: int = 1
+    chunk_share: float = 0.25
+    chunk_room: int = 0  # chunk_top_k beyond the most forced blocks a chunk can have
 
     @property
     def int8(self) -> bool:
@@ -110,6 +119,8 @@ class Case:
             f"{f'-probe{self.num_probes}' if self.score == 'probe' else ''}"
             f"-{short[self.dtypes[0]]}{short[self.dtypes[1]]}"
             f"{'' if self.exact == 'none' else '-x' + self.exact}{'-b8' if self.int8_bounds else ''}"
+            + ("" if self.chunk == "none" else f"-c{self.chunk.split('-')[0]}Q{self.chunk_size}p{self.chunk_pool}"
+               f"w{self.chunk_window}s{self.chunk_share:g}k{self.chunk_room}")
         )
 
     def past_lens(self) -> np.ndarray:
@@ -139,6 +150,38 @@ class Case:
         exact = {"zero": np.zeros_like(past), "all": total, "half": np.minimum(past + self.new_tokens // 2, total)}
         return exact[self.exact].astype(np.int32)
 
+    def chunk_lens(self) -> np.ndarray | None:
+        """Positions below which the call's queries (not below exact_lens) select per chunk."""
+        if self.chunk == "none":
+            return None
+        total = self.total_lens() if self.total_lens() is not None else self.past_lens() + self.new_tokens
+        if self.chunk == "all":
+            return total.astype(np.int32)
+        return np.minimum(self.past_lens() + (3 * self.new_tokens) // 4, total).astype(np.int32)
+
+    def chunk_top_k(self) -> int:
+        most = (self.chunk_size + self.block_size - 2) // self.block_size + 1 + self.chunk_window + self.sink
+        return most + self.chunk_room
+
+    def chunk_attributes(self) -> dict:
+        """SparseBlockSelect's chunk attributes (chunk cases only; the others keep the defaults)."""
+        if self.chunk == "none":
+            return {}
+        return dict(chunk_size=self.chunk_size, chunk_top_k=self.chunk_top_k(), chunk_share=self.chunk_share,
+                    chunk_window=self.chunk_window, chunk_pool=self.chunk_pool)
+
+    def chunks_rank(self) -> bool:
+        """True when the last chunk has more candidate blocks than its budget: scores decide."""
+        if self.chunk == "none":
+            return False
+        P = self.block_size
+        last = (int(self.past_lens().max()) + self.new_tokens - 1) // P
+        first = max(last - (self.chunk_size + P - 1) // P, 0)
+        forced = last + 1 - max(first - self.chunk_window, 0) + min(self.sink, max(first - self.chunk_window, 0))
+        candidates = last + 1 - forced
+        keep = min(self.chunk_top_k() - forced, max(self.k(), -(-int(self.chunk_share * candidates * 1e6) // 10**6)))
+        return candidates > keep
+
     def capacity(self) -> int:
         """Room for the longest row plus a partial block, so the last block is not full."""
         return int(self.past_lens().max()) + self.new_tokens + self.block_size // 2 + 3
@@ -159,7 +202,7 @@ class Case:
 
     def body_cost(self) -> float:
         H, N = self.heads
-        heads = N if self.reduce == "mean" else H
+        heads = N if self.reduce == "mean" and self.chunk == "none" else H
         select = self.batch * heads * self.new_tokens * self.num_blocks() * self.head_dim
         if self.score == "probe":
             select *= self.num_probes
@@ -177,7 +220,8 @@ def _covering_cases(seed: int = 7) -> list[Case]:
     """
     cases = _draw({**AXES, "dtypes": DTYPES}, np.random.default_rng(seed), EXTRA_CASES)
     cases += _int8_cases(np.random.default_rng(seed + 1))
-    return cases + _int8_bounds_cases(np.random.default_rng(seed + 2))
+    cases += _int8_bounds_cases(np.random.default_rng(seed + 2))
+    return cases + _chunk_cases(np.random.default_rng(seed + 3))
 
 
 # Where int8 rows take paths of their own in the SIMD kernels, which the int8 cases should reach.
@@ -203,6 +247,54 @@ INT8_BOUNDS_PATHS = {
     "a prefill over several blocks": lambda case: case.new_tokens == 64,
     "importance": lambda case: case.importance,
 }
+
+
+# What chunk queries (sparse prefill) exercise, which the chunk cases should reach.
+CHUNK_PATHS = {
+    "a chunk of one query": lambda case: case.chunk_size == 1,
+    "a chunk longer than the call": lambda case: case.chunk_size > case.new_tokens > 1,
+    "several chunks in a call": lambda case: 1 < case.chunk_size < case.new_tokens,
+    "every query scored alone": lambda case: case.chunk_pool == 1,
+    "pooled rows": lambda case: 1 < case.chunk_pool < case.chunk_size,
+    "one mean row per head": lambda case: case.chunk_pool >= case.chunk_size > 1,
+    "exact, chunk and per-token queries in one call": lambda case: case.chunk == "three-quarters"
+    and case.exact == "half" and case.new_tokens > 4,
+    "the budget binds at chunk_top_k": lambda case: case.chunk_room == 0 and case.chunk_share == 1.0,
+    "no window": lambda case: case.chunk_window == 0,
+    "rows of different lengths": lambda case: case.batch > 1,
+    "int8 caches": lambda case: case.int8,
+    "int8 bounds": lambda case: case.int8_bounds,
+    "float16 queries": lambda case: case.dtypes[0] == "float16",
+    "query heads per KV head": lambda case: case.heads[0] > case.heads[1],
+    "a cache longer than one exact tile": lambda case: case.cached == "~1000",
+}
+CHUNK_AXES = dict(chunk=("all", "three-quarters"), chunk_size=(1, 5, 16, 64), chunk_pool=(1, 2, 64),
+                  chunk_window=(0, 1, 3), chunk_share=(0.0, 0.3, 1.0), chunk_room=(0, 9),
+                  dtypes=DTYPES + INT8_DTYPES, bounds=BOUNDS, block_size=(4, 8, 16))
+CHUNK_DRAWS = 8  # chunk cases
+
+
+def _chunk_cases(rng, draws: int = 2000) -> list[Case]:
+    """CHUNK_DRAWS bound-scored cases with chunk queries whose scores decide part of a selection, each
+    the first of `draws` random ones within the budget to reach the most CHUNK_PATHS the earlier ones
+    missed (int8 bounds only next to an int8-capable pair, as _int8_bounds_cases pairs them)."""
+    axes = {**AXES, **CHUNK_AXES, "score": ("bound",), "importance": (False,), "new_tokens": (7, 64)}
+    cases, missed = [], set(CHUNK_PATHS)
+    for _ in range(CHUNK_DRAWS):
+        best, reached = None, -1
+        for _ in range(draws):
+            choice = {axis: values[rng.integers(len(values))] for axis, values in axes.items()}
+            if choice["bounds"] == "int8" and choice["dtypes"] not in INT8_BOUNDS_DTYPES:
+                choice["bounds"] = "cache"
+            case = Case(**choice)
+            if case.body_cost() > BODY_BUDGET or not case.chunks_rank():
+                continue
+            gain = sum(CHUNK_PATHS[path](case) for path in missed)
+            if gain > reached:
+                best, reached = case, gain
+        cases.append(best)
+        missed = {path for path in missed if not CHUNK_PATHS[path](best)}
+    return cases
 
 
 def _int8_cases(rng, draws: int = 1000) -> list[Case]:
@@ -310,6 +402,7 @@ class CaseData:
     block_importance: np.ndarray | None
     exact_lens: np.ndarray | None
     key_scale: np.ndarray | None = None  # int8 caches: each row's float16 scale [B, N, C]
+    chunk_lens: np.ndarray | None = None  # chunk cases: positions below which queries select per chunk
     value_scale: np.ndarray | None = None
     block_exponent: np.ndarray | None = None  # int8 bounds: each block's exponent [B, N, M], before the call
 
@@ -362,6 +455,7 @@ def make_data(case: Case, seed: int = 0) -> CaseData:
         total_lens=case.total_lens(),
         block_importance=importance,
         exact_lens=case.exact_lens(),
+        chunk_lens=case.chunk_lens(),
         **scales,
         block_exponent=made[0] if made else None,
     )
@@ -380,7 +474,7 @@ def select_attributes(case: Case) -> dict:
     return dict(num_heads=H, kv_num_heads=N, block_size=case.block_size, top_k=case.k(),
                 sink_blocks=case.sink, recent_blocks=case.recent, group_reduce=case.reduce,
                 importance_fraction=0.5 if case.importance else 0.0, score=case.score,
-                num_probes=case.num_probes)
+                num_probes=case.num_probes, **case.chunk_attributes())
 
 
 def select_args(data: CaseData) -> tuple[dict, dict]:
@@ -392,24 +486,30 @@ def select_args(data: CaseData) -> tuple[dict, dict]:
         dict(query=data.query, block_max=block_max, block_min=block_min, past_lens=data.past_lens,
              total_lens=data.total_lens, block_importance=data.block_importance,
              key_cache=data.key_cache if probe else None, key=data.key if probe else None,
-             exact_lens=data.exact_lens, block_exponent=exponent[0] if exponent else None),
+             exact_lens=data.exact_lens, block_exponent=exponent[0] if exponent else None,
+             **({} if data.chunk_lens is None else {"chunk_lens": data.chunk_lens})),
         select_attributes(data.case),
     )
 
 
 def attention_args(data: CaseData, sparse: bool = True) -> tuple[dict, dict]:
-    """Attention over the reference selection (sparse) or dense causal."""
-    indices = None
+    """Attention over the reference selection (sparse: chunk cases with their chunks' selections too)
+    or dense causal."""
+    indices = chunks = None
     if sparse:
         inputs, attributes = select_args(data)
         indices = sparse_block_select(**inputs, **attributes)
+        if data.chunk_lens is not None:
+            indices, chunks = indices
     H, N = data.case.heads
+    chunk_inputs = {} if chunks is None else dict(chunk_indices=chunks, chunk_lens=data.chunk_lens)
+    chunk_size = {} if chunks is None else dict(chunk_size=data.case.chunk_size)
     return (
         dict(query=data.query, key=data.key, value=data.value, key_cache=data.key_cache,
              value_cache=data.value_cache, past_lens=data.past_lens, block_indices=indices,
              total_lens=data.total_lens, exact_lens=data.exact_lens, key_scale=data.key_scale,
-             value_scale=data.value_scale),
-        dict(num_heads=H, kv_num_heads=N, block_size=data.case.block_size),
+             value_scale=data.value_scale, **chunk_inputs),
+        dict(num_heads=H, kv_num_heads=N, block_size=data.case.block_size, **chunk_size),
     )
 
 

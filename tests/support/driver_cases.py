@@ -20,12 +20,13 @@ SCALE_OUTPUTS = ("key_scale_out", "value_scale_out")  # SparseBlockAttention's, 
 EXPONENT_OUTPUTS = ("block_exponent_out",)  # QuestMetadata's, with int8 bounds only
 # The outputs a call has only with an input of its own: (input, outputs) per op.
 EXTRA_OUTPUTS = {"SparseBlockAttention": ("key_scale", SCALE_OUTPUTS),
-                 "QuestMetadata": ("block_exponent", EXPONENT_OUTPUTS)}
+                 "QuestMetadata": ("block_exponent", EXPONENT_OUTPUTS),
+                 "SparseBlockSelect": ("chunk_lens", ("chunk_indices",))}
 
 
 def outputs_of(op_name: str, inputs: dict) -> tuple[str, ...]:
     """The outputs of a call, in the reference's order: OUTPUTS, and the scales with int8 caches, the
-    exponents with int8 bounds."""
+    exponents with int8 bounds, the chunks' selections with chunk queries."""
     given, extra = EXTRA_OUTPUTS.get(op_name, (None, ()))
     return OUTPUTS[op_name] + (extra if given is not None and inputs.get(given) is not None else ())
 
@@ -47,7 +48,10 @@ def write_case(directory: pathlib.Path, op_name, inputs, attributes, case, total
                   with_importance=int(inputs.get("block_importance") is not None),
                   with_exact=int(inputs.get("exact_lens") is not None), scale=0.0, softcap=0.0,
                   score=case.score, num_probes=case.num_probes,
-                  key_cache_type=attributes.get("key_cache_type", "float"), **extra)
+                  key_cache_type=attributes.get("key_cache_type", "float"),
+                  with_chunks=int(inputs.get("chunk_lens") is not None), Q=case.chunk_size,
+                  KC=case.chunk_top_k(), chunk_share=case.chunk_share, chunk_window=case.chunk_window,
+                  chunk_pool=case.chunk_pool, **extra)
     if op_name == "SparseBlockAttention":
         fields["scale"] = float(np.float32(1.0) / np.sqrt(np.float32(case.head_dim)))
     directory.mkdir(parents=True, exist_ok=True)

@@ -277,8 +277,8 @@ struct SelectItem {
 };
 
 // The CPU kernels' walk over items [begin, end): per item, per query i, its output rows (own head
-// 0 .. selections - 1, together); rows of a query past total_lens or attending exactly are all
-// -1, the others go to select_query_row(item, i, own, p, row) (p: the query's position).
+// 0 .. selections - 1, together); rows of a query past total_lens, attending exactly or with its
+// chunk are all -1, the others go to select_query_row(item, i, own, p, row) (p: the query's position).
 template <typename TC, typename SelectQueryRow>
 void for_each_select_row(const SparseBlockSelectParams& prm, int64_t begin, int64_t end,
                          SelectQueryRow&& select_query_row) {
@@ -295,11 +295,44 @@ void for_each_select_row(const SparseBlockSelectParams& prm, int64_t begin, int6
       const int64_t p = item.past + i;
       for (int64_t own = 0; own < selections; ++own) {
         int32_t* row = prm.block_indices + (index * selections * S + own * S + i) * K;
-        if (p >= item.total || attends_exactly(prm, b, p))
+        if (p >= item.total || selects_no_blocks(prm, b, p))
           std::fill(row, row + K, -1);
         else
           select_query_row(item, i, own, p, row);
       }
+    }
+  }
+}
+
+// A chunk's selection (select_chunk_blocks) into its chunk_indices row: as a query's, with the row
+// chunk_top_k wide.
+template <typename ScoreBlocks>
+void select_chunk_row(const SparseBlockSelectParams& prm, int64_t first_block, int64_t last_block, int32_t* row,
+                      SelectScratch& s, ScoreBlocks&& score_blocks) {
+  RowSelection<std::remove_reference_t<ScoreBlocks>> selection{row, prm.chunk_top_k, nullptr, s, score_blocks};
+  select_chunk_blocks(prm, first_block, last_block, selection);
+}
+
+// The CPU kernels' walk over the chunks of items [begin, end) (when the call has chunk_indices):
+// rows of chunks without members are all -1, the others go to
+// select_chunk(item, members, first_block, last_block, row).
+template <typename TC, typename SelectChunk>
+void for_each_chunk_row(const SparseBlockSelectParams& prm, int64_t begin, int64_t end, SelectChunk&& select_chunk) {
+  if (prm.chunk_indices == nullptr) return;
+  const int64_t M = prm.num_blocks, D = prm.head_dim, chunks = num_chunks(prm), P = prm.block_size;
+  for (int64_t index = begin; index < end; ++index) {
+    const int64_t b = index / prm.kv_heads;
+    const SelectItem<TC> item{index, b, index % prm.kv_heads, prm.past_lens[b], prm.total_lens[b], nullptr,
+                              static_cast<const TC*>(prm.block_max) + index * M * D,
+                              static_cast<const TC*>(prm.block_min) + index * M * D,
+                              prm.block_exponent ? prm.block_exponent + index * M : nullptr};
+    for (int64_t c = 0; c < chunks; ++c) {
+      int32_t* row = prm.chunk_indices + (index * chunks + c) * prm.chunk_top_k;
+      const ChunkMembers members = prm.chunk_lens != nullptr ? chunk_members(prm, b, c) : ChunkMembers{0, 0};
+      if (members.first >= members.last)
+        std::fill(row, row + prm.chunk_top_k, -1);
+      else
+        select_chunk(item, members, (item.past + members.first) / P, (item.past + members.last - 1) / P, row);
     }
   }
 }

@@ -74,4 +74,40 @@ QUEST_AICORE void select_blocks(const Rule& rule, int64_t current, Selection& se
   selection.finish();
 }
 
+// The most forced blocks a chunk of `chunk_size` queries can have: the blocks its positions touch
+// (at most (Q + P - 2) / P + 1), the window and the sinks. chunk_top_k must hold them.
+QUEST_AICORE int64_t most_chunk_forced(int64_t chunk_size, int64_t block_size, int64_t window, int64_t sinks) {
+  return (chunk_size + block_size - 2) / block_size + 1 + window + sinks;
+}
+
+// Selects the blocks of a chunk of queries whose blocks are [first, last] (its first and last
+// member's), into `selection` (select_blocks' interface; importance is not used):
+//   forced: the chunk's own blocks, the chunk_window blocks before them, the sinks; then by score
+//   ceil(chunk_share * candidates) of the other eligible blocks [0, last] (computed in double), at
+//   least top_k, at most chunk_top_k minus the forced; every eligible block when the candidates
+//   are no more than that. `rule` holds top_k, sink_blocks, chunk_top_k, chunk_share, chunk_window
+//   (SparseBlockSelectParams); chunk_top_k holds every forced block (most_chunk_forced).
+template <class Rule, class Selection>
+QUEST_AICORE void select_chunk_blocks(const Rule& rule, int64_t first, int64_t last, Selection& selection) {
+  const int64_t eligible = last + 1;
+  const int64_t window_start = first - rule.chunk_window > 0 ? first - rule.chunk_window : 0;
+  const int64_t sinks = rule.sink_blocks < window_start ? rule.sink_blocks : window_start;  // those not in the window
+  const int64_t forced = eligible - window_start + sinks;
+  const int64_t candidates = eligible - forced;
+  const double wanted_exact = static_cast<double>(rule.chunk_share) * static_cast<double>(candidates);
+  int64_t wanted = static_cast<int64_t>(wanted_exact);
+  if (static_cast<double>(wanted) < wanted_exact) ++wanted;  // ceil
+  int64_t keep = wanted > rule.top_k ? wanted : rule.top_k;
+  if (keep > rule.chunk_top_k - forced) keep = rule.chunk_top_k - forced;
+  if (candidates <= keep) {
+    selection.take_all(eligible);
+    return;
+  }
+  selection.begin(eligible);
+  for (int64_t m = last; m >= window_start; --m) selection.take(static_cast<int32_t>(m));
+  for (int64_t m = 0; m < sinks; ++m) selection.take(static_cast<int32_t>(m));
+  if (keep > 0) selection.take_best_scores(eligible, keep);
+  selection.finish();
+}
+
 }  // namespace quest

@@ -16,6 +16,11 @@ struct SparseBlockAttentionParams {
   const int32_t* total_lens = nullptr;     // [B], resolved (never null), validated by the adapter
   const int32_t* block_indices = nullptr;  // [B, R, S, K] validated, or null for dense causal
   const int32_t* exact_lens = nullptr;     // [B] validated, or null: positions below attend exactly
+  // Chunk queries (sparse prefill): queries at positions in [exact_lens, chunk_lens) attend the blocks
+  // of their chunk (call index i / chunk_size), one list per KV head shared by its G heads.
+  const int32_t* chunk_indices = nullptr;  // [B, N, num_chunks, chunk_top_k] validated, or null
+  const int32_t* chunk_lens = nullptr;     // [B] validated (null exactly when chunk_indices is)
+  int64_t chunk_size = 64, num_chunks = 0, chunk_top_k = 0;
   bool per_head_indices = false;           // R = H (each query head its own blocks), else R = N
   DType activation_type = DType::F32, cache_type = DType::F32;
   const void* query = nullptr;  // [B, H, S, D] activation_type
@@ -92,6 +97,41 @@ inline int64_t exact_queries(const SparseBlockAttentionParams& params, int64_t b
   if (params.exact_lens == nullptr) return 0;
   const int64_t n = static_cast<int64_t>(params.exact_lens[b]) - params.past_lens[b];
   return n < 0 ? 0 : n < params.query_len ? n : params.query_len;
+}
+
+// Queries [exact_queries, n) of row b attend with their chunk: those at positions below chunk_lens[b]
+// (n is at least exact_queries, at most S).
+inline int64_t chunk_queries_end(const SparseBlockAttentionParams& params, int64_t b) {
+  const int64_t exact = exact_queries(params, b);
+  if (params.chunk_lens == nullptr) return exact;
+  const int64_t n = static_cast<int64_t>(params.chunk_lens[b]) - params.past_lens[b];
+  return n < exact ? exact : n < params.query_len ? n : params.query_len;
+}
+
+// The block list of chunk c of work item `item` (b * N + n): chunk_top_k entries.
+inline const int32_t* chunk_list(const SparseBlockAttentionParams& params, int64_t item, int64_t c) {
+  return params.chunk_indices + (item * params.num_chunks + c) * params.chunk_top_k;
+}
+
+// The positions of [first, last) inside blocks marked in `listed` (one flag per block), ascending,
+// into out; returns how many.
+inline int64_t listed_positions(const uint8_t* listed, int64_t P, int64_t first, int64_t last, int64_t* out) {
+  int64_t count = 0;
+  for (int64_t t = first; t < last;) {
+    const int64_t block_end = (t / P + 1) * P < last ? (t / P + 1) * P : last;
+    if (listed[t / P])
+      for (; t < block_end; ++t) out[count++] = t;
+    else
+      t = block_end;
+  }
+  return count;
+}
+
+// Marks the blocks of a list (entries -1 skipped) in `listed` [num_blocks], cleared first.
+inline void mark_listed(const int32_t* list, int64_t K, int64_t num_blocks, uint8_t* listed) {
+  for (int64_t m = 0; m < num_blocks; ++m) listed[m] = 0;
+  for (int64_t j = 0; j < K; ++j)
+    if (list[j] >= 0) listed[list[j]] = 1;
 }
 
 // Writes the valid new keys/values of work items [begin, end), one per (b, n), into the caches.

@@ -31,7 +31,17 @@ struct SparseBlockSelectParams {
   const void* key_cache = nullptr;  // [B, N, C, D] cache_type: the cache before this call (probe only)
   const void* key = nullptr;        // [B, N, S, D] query_type: this call's new keys (probe only)
   int32_t* block_indices = nullptr;  // [B, R, S, K] output: R = N, or H with GroupReduce::None
+  // Chunk queries (sparse prefill): valid queries at positions in [exact_lens, chunk_lens) select one
+  // list per chunk of chunk_size queries of the call and KV head, into chunk_indices.
+  const int32_t* chunk_lens = nullptr;  // [B] validated, or null: no chunk queries
+  int64_t chunk_size = 64, chunk_top_k = 0, chunk_window = 0, chunk_pool = 1;
+  float chunk_share = 0.0f;
+  int32_t* chunk_indices = nullptr;  // [B, N, ceil(S / chunk_size), chunk_top_k] output, or null
 };
+
+inline int64_t num_chunks(const SparseBlockSelectParams& prm) {
+  return (prm.query_len + prm.chunk_size - 1) / prm.chunk_size;
+}
 
 // Selections per (b, n) work item: G with GroupReduce::None (one per query head), else 1.
 inline int64_t selections_per_item(const SparseBlockSelectParams& prm) {
@@ -54,9 +64,26 @@ inline int64_t probe_position(int64_t block, int64_t p, int64_t P, int64_t num_p
   return n <= num_probes ? block * P + j : block * P + (j * n) / num_probes;
 }
 
-// True when the query at position p of row b attends exactly: its output row is all -1.
-inline bool attends_exactly(const SparseBlockSelectParams& prm, int64_t b, int64_t p) {
-  return prm.exact_lens != nullptr && p < prm.exact_lens[b];
+// True when the query at position p of row b selects nothing per token (its block_indices rows are
+// all -1): it attends exactly (below exact_lens), or with its chunk (below chunk_lens).
+inline bool selects_no_blocks(const SparseBlockSelectParams& prm, int64_t b, int64_t p) {
+  return (prm.exact_lens != nullptr && p < prm.exact_lens[b]) || (prm.chunk_lens != nullptr && p < prm.chunk_lens[b]);
+}
+
+// The members of chunk c of row b: its call indices [first, last) that select with the chunk (valid,
+// at positions in [exact_lens, chunk_lens)); first >= last when it has none.
+struct ChunkMembers {
+  int64_t first, last;
+};
+inline ChunkMembers chunk_members(const SparseBlockSelectParams& prm, int64_t b, int64_t c) {
+  const int64_t past = prm.past_lens[b];
+  const int64_t exact = prm.exact_lens != nullptr ? prm.exact_lens[b] : 0;
+  const int64_t end = prm.chunk_lens[b] < prm.total_lens[b] ? prm.chunk_lens[b] : prm.total_lens[b];
+  int64_t first = c * prm.chunk_size, last = first + prm.chunk_size;
+  if (first < exact - past) first = exact - past;
+  if (last > end - past) last = end - past;
+  if (last > prm.query_len) last = prm.query_len;
+  return {first, last};
 }
 
 // Selects for work items [begin, end), one item per (b, n) = b * kv_heads + n.

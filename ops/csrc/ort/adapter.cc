@@ -295,7 +295,7 @@ const int32_t* check_exact_lens(const BoundInputs& in, int exact_index, const st
       std::string row = "[";
       row += std::to_string(b);
       row += "]";
-      in.fail("input 'exact_lens'" + row + " = " + std::to_string(exact[b]) + " is outside [0, total_lens" + row +
+      in.fail(std::string("input '") + in.op().inputs[exact_index].name + "'" + row + " = " + std::to_string(exact[b]) + " is outside [0, total_lens" + row +
               " = " + std::to_string(total[b]) + "]");
     }
   }

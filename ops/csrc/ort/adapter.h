@@ -90,7 +90,7 @@ void check_block_exponent(const BoundInputs& in, int input, int output = kNoOutp
                           const std::vector<bool>& outputs = {});
 
 // Validates the optional exact_lens (0 <= exact_lens[b] <= total[b], the resolved total_lens);
-// returns its data, or null when it is absent.
+// returns its data, or null when it is absent. chunk_lens takes the same rule.
 const int32_t* check_exact_lens(const BoundInputs& in, int exact_index, const std::vector<int32_t>& total);
 
 // Which outputs a node has, by index: an optional output the node leaves out (an empty name, or

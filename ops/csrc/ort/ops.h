@@ -32,7 +32,12 @@ class SparseBlockSelectKernel : public KernelBase<SparseBlockSelectKernel> {
 
  private:
   Attributes attributes_;
+  std::vector<bool> outputs_;  // which outputs the node has (chunk_indices is optional)
 };
+
+// chunk_top_k holds every forced block a chunk can have (select_rule.h most_chunk_forced), checked
+// when the session is created.
+void check_chunk_budget(const schema::OpSchema& op, const Attributes& attributes);
 
 class SparseBlockAttentionKernel : public KernelBase<SparseBlockAttentionKernel> {
  public:

@@ -13,17 +13,11 @@ namespace io = schema::SparseBlockAttention;
 
 namespace {
 
-// Rows per KV head (R = N) or per query head (R = H); every entry -1 or a block in
-// [0, num_blocks); no block twice in one row.
-void check_block_indices(const BoundInputs& in, int64_t num_blocks) {
-  const TensorArg& indices = in[io::in::block_indices];
-  if (!indices.present()) return;
-  const int64_t R = in.dim("R"), N = in.dim("N"), H = in.dim("H");
-  if (R != N && R != H)
-    in.fail("input 'block_indices' dim 1 is " + std::to_string(R) + ": expected N = " + std::to_string(N) +
-            " (blocks per KV head) or H = " + std::to_string(H) + " (blocks per query head)");
-  const int64_t K = in.dim("K"), rows = in.dim("B") * R * in.dim("S");
-  const int32_t* data = indices.as<int32_t>();
+// Every entry of the `rows` rows of K of input `index` is -1 or a block in [0, num_blocks), no block
+// twice in one row.
+void check_block_rows(const BoundInputs& in, int index, int64_t rows, int64_t K, int64_t num_blocks) {
+  const std::string name = std::string("input '") + in.op().inputs[index].name + "'";
+  const int32_t* data = in[index].as<int32_t>();
   std::vector<uint8_t> seen(static_cast<size_t>(num_blocks), 0);
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t* row = data + r * K;
@@ -33,15 +27,40 @@ void check_block_indices(const BoundInputs& in, int64_t num_blocks) {
       if (m < -1 || m >= num_blocks) {
         for (int64_t u = 0; u < j; ++u)
           if (row[u] >= 0) seen[row[u]] = 0;
-        in.fail("input 'block_indices' row " + std::to_string(r) + " holds " + std::to_string(m) +
-                ", outside [-1, " + std::to_string(num_blocks) + ")");
+        in.fail(name + " row " + std::to_string(r) + " holds " + std::to_string(m) + ", outside [-1, " +
+                std::to_string(num_blocks) + ")");
       }
-      if (seen[m]) in.fail("input 'block_indices' row " + std::to_string(r) + " repeats block " + std::to_string(m));
+      if (seen[m]) in.fail(name + " row " + std::to_string(r) + " repeats block " + std::to_string(m));
       seen[m] = 1;
     }
     for (int64_t j = 0; j < K; ++j)
       if (row[j] >= 0) seen[row[j]] = 0;
   }
+}
+
+// Rows per KV head (R = N) or per query head (R = H), each a valid row of blocks.
+void check_block_indices(const BoundInputs& in, int64_t num_blocks) {
+  if (!in[io::in::block_indices].present()) return;
+  const int64_t R = in.dim("R"), N = in.dim("N"), H = in.dim("H");
+  if (R != N && R != H)
+    in.fail("input 'block_indices' dim 1 is " + std::to_string(R) + ": expected N = " + std::to_string(N) +
+            " (blocks per KV head) or H = " + std::to_string(H) + " (blocks per query head)");
+  check_block_rows(in, io::in::block_indices, in.dim("B") * R * in.dim("S"), in.dim("K"), num_blocks);
+}
+
+// chunk_indices and chunk_lens come together; a row of blocks per KV head (the schema binds N) and
+// chunk of the call: NC = ceil(S / chunk_size).
+void check_chunk_indices(const BoundInputs& in, int64_t num_blocks) {
+  const bool indices = in[io::in::chunk_indices].present(), lens = in[io::in::chunk_lens].present();
+  if (indices != lens)
+    in.fail(std::string("input '") + (indices ? "chunk_indices" : "chunk_lens") + "' needs input '" +
+            (indices ? "chunk_lens" : "chunk_indices") + "': chunk queries take both");
+  if (!indices) return;
+  const int64_t Q = in.dim("Q"), S = in.dim("S"), chunks = (S + Q - 1) / Q;
+  if (in.dim("NC") != chunks)
+    in.fail("input 'chunk_indices' dim 2 is " + std::to_string(in.dim("NC")) + ": expected ceil(S / chunk_size) = " +
+            std::to_string(chunks) + " (S = " + std::to_string(S) + ", chunk_size = " + std::to_string(Q) + ")");
+  check_block_rows(in, io::in::chunk_indices, in.dim("B") * in.dim("N") * chunks, in.dim("KC"), num_blocks);
 }
 
 // An int8 cache comes with its row scales, as inputs and as outputs (the new rows' scales are
@@ -78,8 +97,10 @@ void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
   const std::vector<int32_t> total =
       resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, C, "the cache capacity C (key_cache dim 2)");
   check_block_indices(in, num_blocks);
+  check_chunk_indices(in, num_blocks);
   check_scales(in, outputs_);
   const int32_t* exact_lens = check_exact_lens(in, io::in::exact_lens, total);
+  const int32_t* chunk_lens = check_exact_lens(in, io::in::chunk_lens, total);
 
   BoundOutputs outputs(context, in);
   void* output = outputs.allocate(io::out::output);
@@ -120,6 +141,11 @@ void SparseBlockAttentionKernel::Compute(OrtKernelContext* context) {
   params.exact_lens = exact_lens;
   params.per_head_indices = params.block_indices != nullptr && in.dim("R") != N;
   params.top_k = in[io::in::block_indices].present() ? in.dim("K") : 0;
+  params.chunk_indices = in[io::in::chunk_indices].as<int32_t>();
+  params.chunk_lens = chunk_lens;
+  params.chunk_size = in.dim("Q");
+  params.num_chunks = params.chunk_indices != nullptr ? in.dim("NC") : 0;
+  params.chunk_top_k = params.chunk_indices != nullptr ? in.dim("KC") : 0;
   params.activation_type = in.activation_type();
   params.cache_type = in.cache_type();
   params.query = in[io::in::query].data;

@@ -3,6 +3,7 @@
 
 #include "../kernels/dispatch.h"
 #include "../kernels/int8_bounds.h"
+#include "../kernels/select_rule.h"
 #include "adapter.h"
 #include "ops.h"
 
@@ -10,8 +11,20 @@ namespace quest::ort {
 
 namespace io = schema::SparseBlockSelect;
 
-SparseBlockSelectKernel::SparseBlockSelectKernel(const OrtKernelInfo* info) : attributes_(schema(), info) {
+void check_chunk_budget(const schema::OpSchema& op, const Attributes& attributes) {
+  const int64_t most = most_chunk_forced(attributes.get_int("chunk_size"), attributes.get_int("block_size"),
+                                         attributes.get_int("chunk_window"), attributes.get_int("sink_blocks"));
+  if (attributes.get_int("chunk_top_k") < most)
+    throw OpError(op, "attribute 'chunk_top_k' = " + std::to_string(attributes.get_int("chunk_top_k")) +
+                          " cannot hold a chunk's forced blocks: up to " + std::to_string(most) +
+                          " (its own blocks, chunk_window = " + std::to_string(attributes.get_int("chunk_window")) +
+                          ", sink_blocks = " + std::to_string(attributes.get_int("sink_blocks")) + ")");
+}
+
+SparseBlockSelectKernel::SparseBlockSelectKernel(const OrtKernelInfo* info)
+    : attributes_(schema(), info), outputs_(node_outputs(info)) {
   check_head_grouping(schema(), attributes_);
+  check_chunk_budget(schema(), attributes_);
 }
 
 const schema::OpSchema& SparseBlockSelectKernel::schema() { return io::kSchema; }
@@ -35,7 +48,13 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
     resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, in.dim("C"), "the cache capacity C (key_cache dim 2)");
   }
   const int32_t* exact_lens = check_exact_lens(in, io::in::exact_lens, total);
-  auto* indices = static_cast<int32_t*>(BoundOutputs(context, in).allocate(io::out::block_indices));
+  const int32_t* chunk_lens = check_exact_lens(in, io::in::chunk_lens, total);
+  const bool has_chunks = outputs_.size() > static_cast<size_t>(io::out::chunk_indices) && outputs_[io::out::chunk_indices];
+  if (chunk_lens != nullptr && !has_chunks)
+    in.fail("input 'chunk_lens' is given, but the node has no output 'chunk_indices' for the chunks' selections");
+  BoundOutputs outputs(context, in);
+  auto* indices = static_cast<int32_t*>(outputs.allocate(io::out::block_indices));
+  auto* chunk_indices = has_chunks ? static_cast<int32_t*>(outputs.allocate(io::out::chunk_indices)) : nullptr;
   if (S == 0) return;  // no query, no selection (and no loop over B * N empty work items)
 
   SparseBlockSelectParams params;
@@ -68,6 +87,13 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
   params.block_min = in[io::in::block_min].data;
   params.block_exponent = in[io::in::block_exponent].as<int8_t>();
   params.block_indices = indices;
+  params.chunk_lens = chunk_lens;
+  params.chunk_indices = chunk_indices;
+  params.chunk_size = in.dim("Q");
+  params.chunk_top_k = in.dim("KC");
+  params.chunk_share = attributes_.get_float("chunk_share");
+  params.chunk_window = attributes_.get_int("chunk_window");
+  params.chunk_pool = attributes_.get_int("chunk_pool");
   const SparseBlockSelectFn kernel = active_kernels().sparse_block_select;
   parallel_for(context, B * N, [&](int64_t item) { kernel(params, item, item + 1); });
 }

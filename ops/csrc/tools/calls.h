@@ -18,6 +18,11 @@ inline std::vector<char> read_exact_lens(const Case& c, int64_t B) {
   return c.has("with_exact") && c.integer("with_exact") ? c.read("exact_lens", 4 * B) : std::vector<char>();
 }
 
+// chunk_lens.bin when the case has chunk queries (with_chunks 1), else empty.
+inline std::vector<char> read_chunk_lens(const Case& c, int64_t B) {
+  return c.has("with_chunks") && c.integer("with_chunks") ? c.read("chunk_lens", 4 * B) : std::vector<char>();
+}
+
 inline const int32_t* lens_or_null(const std::vector<char>& lens) {
   return lens.empty() ? nullptr : reinterpret_cast<const int32_t*>(lens.data());
 }
@@ -91,8 +96,19 @@ void run_select(const Case& c, const std::string& variant, Run&& run) {
   p.query_type = T, p.cache_type = TC, p.query = query.data(), p.block_max = block_max.data();
   p.block_min = block_min.data(), p.block_indices = indices.data();
   p.block_exponent = exponent.empty() ? nullptr : reinterpret_cast<const int8_t*>(exponent.data());
+  // Chunk queries: their lists into chunk_indices [B, N, ceil(S / Q), KC].
+  const std::vector<char> chunk_lens = read_chunk_lens(c, B);
+  std::vector<int32_t> chunk_indices;
+  if (!chunk_lens.empty()) {
+    p.chunk_lens = lens_or_null(chunk_lens);
+    p.chunk_size = c.integer("Q"), p.chunk_top_k = c.integer("KC"), p.chunk_share = c.real("chunk_share");
+    p.chunk_window = c.integer("chunk_window"), p.chunk_pool = c.integer("chunk_pool");
+    chunk_indices.resize(B * N * num_chunks(p) * p.chunk_top_k);
+    p.chunk_indices = chunk_indices.data();
+  }
   run(p);
   c.write(variant, "block_indices", indices.data(), indices.size() * 4);
+  if (!chunk_lens.empty()) c.write(variant, "chunk_indices", chunk_indices.data(), chunk_indices.size() * 4);
 }
 
 template <typename Run>
@@ -116,6 +132,10 @@ void run_attention(const Case& c, const std::string& variant, Run&& run) {
   const int64_t R = c.integer("R");  // rows of block_indices: N, or H when per query head
   if (K > 0) indices = c.read("block_indices", 4 * B * R * S * K);
   const std::vector<char> exact = read_exact_lens(c, B);
+  const std::vector<char> chunk_lens = read_chunk_lens(c, B);
+  const int64_t Q = c.has("Q") ? c.integer("Q") : 64, chunks = (S + Q - 1) / Q;
+  std::vector<char> chunk_indices;
+  if (!chunk_lens.empty()) chunk_indices = c.read("chunk_indices", 4 * B * N * chunks * c.integer("KC"));
   const int64_t num_blocks = (C + P - 1) / P;
   std::vector<char> output(bytes_of(T, B * S * H * D));
   std::vector<float> importance(B * N * num_blocks);
@@ -126,6 +146,11 @@ void run_attention(const Case& c, const std::string& variant, Run&& run) {
   p.total_lens = reinterpret_cast<const int32_t*>(total.data());
   p.block_indices = indices.empty() ? nullptr : reinterpret_cast<const int32_t*>(indices.data());
   p.exact_lens = lens_or_null(exact);
+  if (!chunk_lens.empty()) {
+    p.chunk_lens = lens_or_null(chunk_lens);
+    p.chunk_indices = reinterpret_cast<const int32_t*>(chunk_indices.data());
+    p.chunk_size = Q, p.num_chunks = chunks, p.chunk_top_k = c.integer("KC");
+  }
   p.per_head_indices = !indices.empty() && R != N;
   p.activation_type = T, p.cache_type = TC, p.query = query.data(), p.key = key.data(), p.value = value.data();
   p.key_cache = key_cache.data(), p.value_cache = value_cache.data(), p.output = output.data();

@@ -7,6 +7,7 @@
 // npu_candidate_ub_divisor (plan_types.h) can force the select candidates into the GM workspace.
 // Prints one line describing the plan; exits 3 with "unsupported: <reason>" when the NPU path
 // refuses the call.
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -24,6 +25,18 @@ cann::ElemType elem(quest::DType dtype) { return dtype == quest::DType::F32 ? ca
 int unsupported(const std::string& why) {
   std::printf("unsupported: %s\n", why.c_str());
   return 3;
+}
+
+// As the CANN op library: a call with chunk queries is refused (cann::check_chunk_support).
+std::string chunk_support(const Case& c, const char* op) {
+  const int64_t B = c.integer("B");
+  const auto chunk_lens = quest::tools::read_chunk_lens(c, B);
+  if (chunk_lens.empty()) return "";
+  const auto past = c.read("past_lens", 4 * B), total = c.read("total_lens", 4 * B);
+  const auto exact = quest::tools::read_exact_lens(c, B);
+  return cann::check_chunk_support(op, B, c.integer("S"), reinterpret_cast<const int32_t*>(past.data()),
+                                   reinterpret_cast<const int32_t*>(total.data()), quest::tools::lens_or_null(exact),
+                                   quest::tools::lens_or_null(chunk_lens));
 }
 
 void print_split(const cann::CoreSplit& split) {
@@ -63,6 +76,8 @@ int main(int argc, char** argv) {
     } else if (op == "SparseBlockSelect") {
       const std::string why = cann::check_select_support(c.text("score"), c.text("group_reduce"));
       if (!why.empty()) return unsupported(why);
+      const std::string chunks = chunk_support(c, "SparseBlockSelect");
+      if (!chunks.empty()) return unsupported(chunks);
       cann::SelectShape shape{c.integer("B"), c.integer("H"), c.integer("N"), c.integer("S"), c.integer("D"),
                               c.integer("M"), c.integer("P"), c.integer("K"), c.integer("sink_blocks"),
                               c.integer("recent_blocks"), c.text("group_reduce") == "max",
@@ -70,7 +85,12 @@ int main(int argc, char** argv) {
                               elem(c.dtype("T")), elem(c.dtype("TC"))};
       const auto planned = cann::plan_select(shape, npu);
       if (!planned.ok) return unsupported(planned.error);
-      quest::tools::run_select(c, "cann", [&](auto& p) { cann::emulate_select(planned.plan, npu, p); });
+      quest::tools::run_select(c, "cann", [&](auto& p) {
+        // As the CANN op library: without chunk queries the chunks' rows are all -1 (a memset of 0xFF).
+        if (p.chunk_indices != nullptr)
+          std::fill(p.chunk_indices, p.chunk_indices + p.batch * p.kv_heads * quest::num_chunks(p) * p.chunk_top_k, -1);
+        cann::emulate_select(planned.plan, npu, p);
+      });
       print_split(planned.plan.split);
       std::printf(" blocks_per_chunk %lld candidates_in_ub %d ub_used %lld\n",
                   static_cast<long long>(planned.plan.blocks_per_chunk), planned.plan.candidates_in_ub ? 1 : 0,
@@ -82,7 +102,8 @@ int main(int argc, char** argv) {
                                  c.integer("C"), c.integer("P"), c.integer("K"), elem(c.dtype("T")),
                                  elem(c.dtype("TC")), c.real("softcap"), c.has("wants_importance") && c.integer("wants_importance"),
                                  c.integer("K") > 0 && c.integer("R") != c.integer("N")};
-      const std::string why = cann::check_attention_support(shape);
+      std::string why = chunk_support(c, "SparseBlockAttention");
+      if (why.empty()) why = cann::check_attention_support(shape);
       if (!why.empty()) return unsupported(why);
       quest::tools::run_attention(c, "cann", [&](auto& p) { cann::emulate_attention(shape, p); });
       std::printf("fia rows %lld\n", static_cast<long long>(shape.batch * shape.kv_heads * shape.query_len));

@@ -53,6 +53,19 @@ std::vector<RowRun> exact_select_rows(int64_t batch, int64_t rows_per_batch, int
   return runs;
 }
 
+std::string check_chunk_support(const char* op, int64_t batch, int64_t query_len, const int32_t* past_lens,
+                                const int32_t* total_lens, const int32_t* exact_lens, const int32_t* chunk_lens) {
+  if (chunk_lens == nullptr) return "";
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t first = std::max<int64_t>(past_lens[b], exact_lens != nullptr ? exact_lens[b] : 0);
+    const int64_t end = std::min<int64_t>({chunk_lens[b], total_lens[b], past_lens[b] + query_len});
+    if (first < end)
+      return std::string(op) + " on CANN: chunk queries (chunk_lens, a sparse prefill) have no NPU kernel; " +
+             "prefill exactly (Generator(prefill=\"exact\")) or run the CPU ops";
+  }
+  return "";
+}
+
 FiaRows build_fia_rows(const AttentionShape& s, const int32_t* past_lens, const int32_t* total_lens,
                        const int32_t* indices, const int32_t* exact_lens) {
   const int64_t B = s.batch, N = s.kv_heads, S = s.query_len, P = s.block_size, M = s.capacity / P;

@@ -58,4 +58,11 @@ struct RowRun {
 std::vector<RowRun> exact_select_rows(int64_t batch, int64_t rows_per_batch, int64_t query_len,
                                       const int32_t* past_lens, const int32_t* exact_lens);
 
+// "" when no valid query of the call is a chunk query (at positions in [exact_lens, chunk_lens): a
+// sparse prefill's, docs/ops.md), else why the NPU path refuses the call. `exact_lens`, `chunk_lens`
+// [B] validated, or null. Without chunk queries the NPU path runs, and SparseBlockSelect's
+// chunk_indices output is all -1.
+std::string check_chunk_support(const char* op, int64_t batch, int64_t query_len, const int32_t* past_lens,
+                                const int32_t* total_lens, const int32_t* exact_lens, const int32_t* chunk_lens);
+
 }  // namespace quest::cann

@@ -45,7 +45,8 @@ struct CannPlacement {
   static const char* execution_provider() { return "CANNExecutionProvider"; }
   static bool host_input(const schema::OpSchema& op, size_t index) {
     const std::string name = op.inputs[index].name;
-    return name == "past_lens" || name == "total_lens" || name == "block_indices" || name == "exact_lens";
+    return name == "past_lens" || name == "total_lens" || name == "block_indices" || name == "exact_lens" ||
+           name == "chunk_lens" || name == "chunk_indices";
   }
 };
 
@@ -154,7 +155,7 @@ class CannMetadataKernel : public KernelBase<CannMetadataKernel> {
 
 class CannSelectKernel : public KernelBase<CannSelectKernel> {
  public:
-  explicit CannSelectKernel(const OrtKernelInfo* info) : attributes_(schema(), info) {
+  explicit CannSelectKernel(const OrtKernelInfo* info) : attributes_(schema(), info), outputs_(node_outputs(info)) {
     const std::string unsupported =
         cann::check_select_support(attributes_.get_string("score"), attributes_.get_string("group_reduce"));
     if (!unsupported.empty()) throw OpError(schema(), unsupported);
@@ -172,6 +173,10 @@ class CannSelectKernel : public KernelBase<CannSelectKernel> {
     check_block_exponent(in, io::in::block_exponent);
     const bool importance = in[io::in::block_importance].present();
     const int32_t* exact = check_exact_lens(in, io::in::exact_lens, total);
+    const std::string chunks = cann::check_chunk_support("SparseBlockSelect", B, S, in[io::in::past_lens].as<int32_t>(),
+                                                         total.data(), exact,
+                                                         check_exact_lens(in, io::in::chunk_lens, total));
+    if (!chunks.empty()) in.fail(chunks);
     const cann::SelectShape shape{B, in.dim("H"), N, S, in.dim("D"), M, P, attributes_.get_int("top_k"),
                                   attributes_.get_int("sink_blocks"), attributes_.get_int("recent_blocks"),
                                   attributes_.get_string("group_reduce") == "max", importance,
@@ -181,6 +186,12 @@ class CannSelectKernel : public KernelBase<CannSelectKernel> {
     if (!planned.ok) in.fail(planned.error);
     aclrtStream stream = stream_of(context);
     void* indices = allocate_output(context, in, io::out::block_indices);
+    const bool has_chunks = outputs_.size() > static_cast<size_t>(io::out::chunk_indices) && outputs_[io::out::chunk_indices];
+    if (has_chunks) {  // no chunk query (refused above): every chunk's row is -1
+      const size_t bytes = 4 * static_cast<size_t>(B * N * in.dim("NC") * in.dim("KC"));
+      check_acl(aclrtMemsetAsync(allocate_output(context, in, io::out::chunk_indices), bytes, 0xFF, bytes, stream),
+                "marking the chunks' rows empty");
+    }
     DeviceScratch scratch(stream);
     void* past = scratch.upload(in[io::in::past_lens].data, 4 * B);
     void* totals = scratch.upload(total.data(), 4 * B);
@@ -198,6 +209,7 @@ class CannSelectKernel : public KernelBase<CannSelectKernel> {
 
  private:
   Attributes attributes_;
+  std::vector<bool> outputs_;  // which outputs the node has (chunk_indices is optional)
 };
 
 aclDataType acl_type(cann::ElemType type) {
@@ -226,6 +238,10 @@ class CannAttentionKernel : public KernelBase<CannAttentionKernel> {
     const std::vector<int32_t> total = resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, C, "C");
     const TensorArg& indices = in[io::in::block_indices];
     const int32_t* exact = check_exact_lens(in, io::in::exact_lens, total);
+    const std::string chunks = cann::check_chunk_support("SparseBlockAttention", B, S,
+                                                         in[io::in::past_lens].as<int32_t>(), total.data(), exact,
+                                                         check_exact_lens(in, io::in::chunk_lens, total));
+    if (!chunks.empty()) in.fail(chunks);
     Ort::KernelContext ctx(context);
     const cann::AttentionShape shape{B, H, N, S, D, C, P, indices.present() ? indices.shape[3] : 0,
                                      elem(in.activation_type()), elem(in.cache_type()),

@@ -1,8 +1,9 @@
 // Scalar reference kernels of SparseBlockAttention: the cache write and span-wise online softmax.
 //
 // Each query walks its spans in order, one online-softmax step per span: its selected blocks, or
-// (when it attends exactly) tiles of kExactTile positions. The scratch per query is O(span + D)
-// whatever the context: prefill never builds an S x C matrix.
+// (when it attends exactly) tiles of kExactTile positions, or (a chunk query) those tiles' positions
+// inside its chunk's blocks. The scratch per query is O(span + D) whatever the context: prefill
+// never builds an S x C matrix.
 #include <algorithm>
 #include <type_traits>
 #include <vector>
@@ -47,24 +48,26 @@ struct HeadState {
   std::vector<BlockMass>* masses;
 };
 
-// One online-softmax step of head h over the cache positions [first, last): logits and their max
-// (position t in lane (t - first) % 16), rescale, weights, the values fused into the accumulator in
-// position order. With int8 caches a logit is the dot with the int8 row times the row's scale, and
-// a value row is weighted by its weight times the row's scale (the softmax sums the bare weights). With `masses`, the step's weights of each block it overlaps, summed in the same
-// lanes, are recorded (a selected block: its whole weight sum; an exact tile: one entry per block).
+// One online-softmax step of head h over the cache positions positions[0 .. count) (ascending):
+// logits and their max (the k-th position in lane k % 16), rescale, weights, the values fused into
+// the accumulator in position order. With int8 caches a logit is the dot with the int8 row times the
+// row's scale, and a value row is weighted by its weight times the row's scale (the softmax sums the
+// bare weights). With `masses`, the step's weights of each block it holds, summed in the same lanes,
+// are recorded (a selected block: its whole weight sum; a tile: one entry per block).
 template <typename TC>
 void attend_span(const SparseBlockAttentionParams& prm, const float* query, const ItemCaches<TC>& cache,
-                 int64_t first, int64_t last, HeadState& h, std::vector<float>& logits) {
+                 const int64_t* positions, int64_t count, HeadState& h, std::vector<float>& logits) {
   const int64_t D = prm.head_dim, P = prm.block_size;
   LaneMax span_max;
   bool poisoned = false;
-  for (int64_t t = first; t < last; ++t) {
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t t = positions[k];
     float logit = fused_dot(query, cache.keys + t * D, D);
     if (cache.key_scales != nullptr) logit = logit * to_float(cache.key_scales[t]);
     logit = logit * prm.scale;
     if (prm.softcap > 0.0f) logit = prm.softcap * canonical_tanh(logit / prm.softcap);
-    logits[t - first] = logit;
-    span_max.add(t - first, logit);
+    logits[k] = logit;
+    span_max.add(k, logit);
     poisoned |= poisons_row(logit);
   }
   // A NaN running max marks the row poisoned, and stays: max_select(x, NaN) is NaN.
@@ -73,10 +76,11 @@ void attend_span(const SparseBlockAttentionParams& prm, const float* query, cons
   h.denominator = h.denominator * rescale;
   for (int64_t d = 0; d < D; ++d) h.accumulator[d] = h.accumulator[d] * rescale;
   LaneSum weights;
-  for (int64_t t = first; t < last; ++t) {
-    const float w = canonical_exp(logits[t - first] - new_max);
-    logits[t - first] = w;
-    weights.add(t - first, w);
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t t = positions[k];
+    const float w = canonical_exp(logits[k] - new_max);
+    logits[k] = w;
+    weights.add(k, w);
     const TC* v = cache.values + t * D;
     const float row_weight = cache.value_scales != nullptr ? w * to_float(cache.value_scales[t]) : w;
     for (int64_t d = 0; d < D; ++d) h.accumulator[d] = std::fma(row_weight, to_float(v[d]), h.accumulator[d]);
@@ -84,10 +88,10 @@ void attend_span(const SparseBlockAttentionParams& prm, const float* query, cons
   h.denominator = h.denominator + weights.fold();
   h.max_logit = new_max;
   if (h.masses == nullptr) return;
-  for (int64_t block = first / P; block * P < last; ++block) {
+  for (int64_t k = 0; k < count;) {
+    const int64_t block = positions[k] / P;
     LaneSum segment;
-    for (int64_t t = std::max(first, block * P); t < std::min(last, (block + 1) * P); ++t)
-      segment.add(t - first, logits[t - first]);
+    for (; k < count && positions[k] / P == block; ++k) segment.add(k, logits[k]);
     h.masses->push_back(BlockMass{static_cast<int32_t>(block), new_max, segment.fold()});
   }
 }
@@ -98,13 +102,22 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
   const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k, width = heads_per_block_list(prm);
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
   std::vector<float> queries(G * Dp), accumulators(G * D), logits(std::max(rows_per_block(prm), kExactTile));
+  std::vector<int64_t> positions(std::max(rows_per_block(prm), kExactTile));
+  std::vector<uint8_t> listed(prm.chunk_indices != nullptr ? prm.num_blocks : 0);
   std::vector<HeadState> heads(G);
   std::vector<std::vector<BlockMass>> masses(G);
   std::vector<int32_t> blocks;
+  // Every head of the query over positions [first, last): one step each.
+  const auto attend_range = [&](const auto& cache, int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) positions[t - first] = t;
+    for (int64_t g = 0; g < G; ++g)
+      attend_span(prm, queries.data() + g * Dp, cache, positions.data(), last - first, heads[g], logits);
+  };
   for (int64_t unit = begin; unit < end; ++unit) {
     const AttentionUnit u = attention_unit(prm, unit);
     const int64_t item = u.item, b = item / prm.kv_heads, n = item % prm.kv_heads;
     const int64_t past = prm.past_lens[b], total = prm.total_lens[b], exact = exact_queries(prm, b);
+    const int64_t chunked = chunk_queries_end(prm, b);
     const ItemCaches<TC> cache = item_caches<TC>(prm, item);
     float* importance = prm.block_importance ? prm.block_importance + item * prm.num_blocks : nullptr;
     if (importance && u.first == 0) std::fill(importance, importance + prm.num_blocks, 0.0f);
@@ -125,10 +138,16 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
         std::fill(heads[g].accumulator, heads[g].accumulator + D, 0.0f);
       }
       if (i < exact) {  // every position up to p, tile by tile
-        for (int64_t first = 0; first <= p; first += kExactTile)
+        for (int64_t first = 0; first <= p; first += kExactTile) attend_range(cache, first, std::min(first + kExactTile, p + 1));
+      } else if (i < chunked) {  // the tiles' positions up to p inside the chunk's blocks, tiles with none skipped
+        mark_listed(chunk_list(prm, item, i / prm.chunk_size), prm.chunk_top_k, prm.num_blocks, listed.data());
+        for (int64_t first = 0; first <= p; first += kExactTile) {
+          const int64_t count = listed_positions(listed.data(), P, first, std::min(first + kExactTile, p + 1),
+                                                 positions.data());
+          if (count == 0) continue;
           for (int64_t g = 0; g < G; ++g)
-            attend_span(prm, queries.data() + g * Dp, cache, first, std::min(first + kExactTile, p + 1), heads[g],
-                        logits);
+            attend_span(prm, queries.data() + g * Dp, cache, positions.data(), count, heads[g], logits);
+        }
       } else {  // each list of blocks is attended by `width` heads from g0: all G, or one head per list
         for (int64_t g0 = 0; g0 < G; g0 += width) {
           const int32_t* row = prm.block_indices + ((item * (G / width) + g0 / width) * S + i) * K;
@@ -136,8 +155,9 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
           for (const int32_t block : blocks) {
             const int64_t first = static_cast<int64_t>(block) * P, last = std::min<int64_t>(first + P, p + 1);
             if (block < 0 || first >= last) continue;  // unselected, or entirely after the query
+            for (int64_t t = first; t < last; ++t) positions[t - first] = t;
             for (int64_t g = g0; g < g0 + width; ++g)
-              attend_span(prm, queries.data() + g * Dp, cache, first, last, heads[g], logits);
+              attend_span(prm, queries.data() + g * Dp, cache, positions.data(), last - first, heads[g], logits);
           }
         }
       }

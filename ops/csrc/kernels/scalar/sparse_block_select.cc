@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "../arith.h"
+#include "../chunk_rows.h"
 #include "../int8_bounds.h"
 #include "../select_order.h"
 #include "../sparse_block_select.h"
@@ -80,10 +81,47 @@ void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, i
   }
 }
 
+// Scores of blocks [0, eligible) for `rows` rows (D apart, D values each): each row's bound, the rows
+// max-reduced in order; with int8 bounds each row quantized in place first, its integer bound times
+// its factor, and the reduced score times the block's 2^e (NaN for a non-finite block).
+template <typename TC>
+void score_rows(const SelectItem<TC>& item, int64_t rows, int64_t D, int64_t eligible, SelectScratch& s,
+                float* scores) {
+  if constexpr (kInt8Bounds<TC>) {
+    s.row_factor.resize(rows);
+    for (int64_t g = 0; g < rows; ++g)
+      s.row_factor[g] = quantize_query_row(s.query.data() + g * D, D, s.query.data() + g * D);
+    for (int64_t m = 0; m < eligible; ++m) {
+      float score = 0.0f;
+      for (int64_t g = 0; g < rows; ++g) {
+        const float row = static_cast<float>(integer_bound(s.query.data() + g * D, item.kmax + m * D,
+                                                           item.kmin + m * D, D)) * s.row_factor[g];
+        score = g == 0 ? row : max_select(row, score);
+      }
+      scores[m] = score * exponent_scale(item.exponent[m]);
+    }
+    return;
+  }
+  for (int64_t m = 0; m < eligible; ++m) {
+    float score = bound(s.query.data(), item.kmax + m * D, item.kmin + m * D, D);
+    for (int64_t g = 1; g < rows; ++g)
+      score = max_select(bound(s.query.data() + g * D, item.kmax + m * D, item.kmin + m * D, D), score);
+    scores[m] = score;
+  }
+}
+
 template <typename T, typename TC>
 void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
   const int64_t P = prm.block_size, D = prm.head_dim;
   SelectScratch s;
+  for_each_chunk_row<TC>(prm, begin, end, [&](const SelectItem<TC>& item, ChunkMembers members, int64_t first_block,
+                                              int64_t last_block, int32_t* row) {
+    const int64_t c = members.first / prm.chunk_size;
+    select_chunk_row(prm, first_block, last_block, row, s, [&](int64_t eligible, float* scores) {
+      const int64_t rows = load_chunk_rows<T>(prm, item.b, item.n, c, members, D, s.query);
+      score_rows(item, rows, D, eligible, s, scores);
+    });
+  });
   for_each_select_row<TC>(prm, begin, end, [&](const SelectItem<TC>& item, int64_t i, int64_t own, int64_t p,
                                                 int32_t* row) {
     select_row(prm, item.importance, p / P, row, s, [&](int64_t eligible, float* scores) {
@@ -92,29 +130,7 @@ void run(const SparseBlockSelectParams& prm, int64_t begin, int64_t end) {
         if (prm.score == ScoreMode::Probe)
           return probe_blocks<T, TC>(prm, item.index, p, heads, eligible, s.query, s.key, scores);
       }
-      if constexpr (kInt8Bounds<TC>) {
-        // Each scoring row quantized once; a row's score is float(I) times its factor, the rows
-        // max-reduced, then times the block's 2^e (NaN for a non-finite block).
-        s.row_factor.resize(heads);
-        for (int64_t g = 0; g < heads; ++g)
-          s.row_factor[g] = quantize_query_row(s.query.data() + g * D, D, s.query.data() + g * D);
-        for (int64_t m = 0; m < eligible; ++m) {
-          float score = 0.0f;
-          for (int64_t g = 0; g < heads; ++g) {
-            const float row = static_cast<float>(integer_bound(s.query.data() + g * D, item.kmax + m * D,
-                                                               item.kmin + m * D, D)) * s.row_factor[g];
-            score = g == 0 ? row : max_select(row, score);
-          }
-          scores[m] = score * exponent_scale(item.exponent[m]);
-        }
-        return;
-      }
-      for (int64_t m = 0; m < eligible; ++m) {
-        float score = bound(s.query.data(), item.kmax + m * D, item.kmin + m * D, D);
-        for (int64_t g = 1; g < heads; ++g)
-          score = max_select(bound(s.query.data() + g * D, item.kmax + m * D, item.kmin + m * D, D), score);
-        scores[m] = score;
-      }
+      score_rows(item, heads, D, eligible, s, scores);
     });
   });
 }

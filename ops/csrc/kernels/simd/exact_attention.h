@@ -1,6 +1,7 @@
 // The exact (dense causal) walk of SparseBlockAttention over 16-lane vectors: a tile of queries x
 // their G heads attends each tile of kExactTile cache positions together, every row in the scalar
-// kernel's operation order, so each key and value row is read once per query tile.
+// kernel's operation order, so each key and value row is read once per query tile. Chunk queries
+// (sparse prefill) take the same walk over the tiles' positions inside their chunk's blocks.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +23,9 @@ struct ExactScratch {
   std::vector<float> new_max, rescale;  // per row
   std::vector<float> keys, values;  // a float16 (or unpadded) position tile widened to float rows
   std::vector<int64_t> counts;      // positions of the current tile each row attends
+  std::vector<int64_t> positions;   // a chunk's positions of the current tile
+  std::vector<Half> key_scales, value_scales;  // their int8 rows' scales, gathered
+  std::vector<uint8_t> listed;      // [num_blocks]: the blocks of the chunk being walked
   std::vector<std::vector<BlockMass>> masses;
 };
 
@@ -29,6 +33,28 @@ struct ExactScratch {
 template <typename TC>
 void widen_rows(const TC* rows, int64_t count, int64_t D, int64_t Dp, float* out) {
   for (int64_t t = 0; t < count; ++t) load_padded(rows + t * D, D, out + t * Dp);
+}
+
+// The rows at `positions` [count] as float rows of Dp values, and their scales (int8 caches).
+template <typename TC>
+void gather_rows(const TC* rows, const Half* scales, const int64_t* positions, int64_t count, int64_t D, int64_t Dp,
+                 float* out, Half* out_scales) {
+  for (int64_t k = 0; k < count; ++k) {
+    load_padded(rows + positions[k] * D, D, out + k * Dp);
+    if (scales != nullptr) out_scales[k] = scales[positions[k]];
+  }
+}
+
+// The weights of a step over positions[0 .. count) (ascending), summed per metadata block they hold
+// (the k-th in lane k % 16, as the step's own sum), appended to `masses`.
+inline void record_masses_at(const float* weights, const int64_t* positions, int64_t count, int64_t P, float max_logit,
+                             std::vector<BlockMass>& masses) {
+  for (int64_t k = 0; k < count;) {
+    const int64_t block = positions[k] / P;
+    LaneSum segment;
+    for (; k < count && positions[k] / P == block; ++k) segment.add(k, weights[k]);
+    masses.push_back(BlockMass{static_cast<int32_t>(block), max_logit, segment.fold()});
+  }
 }
 
 // Queries [i_begin, i_end) of work item `item` (all valid), each attending every position up to
@@ -40,9 +66,12 @@ void widen_rows(const TC* rows, int64_t count, int64_t D, int64_t Dp, float* out
 // Rows end at different positions only in the last tiles (the query tile's own positions): there
 // each row's positions past its own are masked out of the max and the weights, and its values pass
 // stops at its own last position.
+// With `listed` (a flag per block: one chunk's blocks, every query of [i_begin, i_end) in that chunk)
+// each tile holds only its positions inside listed blocks, gathered into rows of their own; a tile
+// a row attends nothing of is no step of that row's.
 template <typename T, typename TC>
 void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i_begin, int64_t i_end,
-                  const ItemCaches<TC>& cache, ExactScratch& s, float* importance) {
+                  const ItemCaches<TC>& cache, ExactScratch& s, float* importance, const uint8_t* listed = nullptr) {
   const int64_t S = prm.query_len, D = prm.head_dim, H = prm.num_heads, G = H / prm.kv_heads, Dp = padded(D);
   const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads, past = prm.past_lens[b], P = prm.block_size;
   // About 64 rows share each position tile's reads: every loaded key and value row is reused many
@@ -64,9 +93,14 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
   s.rescale.resize(most_rows);
   if (static_cast<int64_t>(s.masses.size()) < most_rows) s.masses.resize(most_rows);  // lists keep their storage
   const bool widen = narrow && (i_end - i_begin) * G > kDirectNarrowRows;
-  if (widen) {
+  if (widen || listed != nullptr) {
     s.keys.resize(kExactTile * Dp);
     s.values.resize(kExactTile * Dp);
+  }
+  if (listed != nullptr) {
+    s.positions.resize(kExactTile);
+    s.key_scales.resize(kExactTile);
+    s.value_scales.resize(kExactTile);
   }
   const T* query = static_cast<const T*>(prm.query) + (b * H + n * G) * S * D;
   for (int64_t i0 = i_begin; i0 < i_end; i0 += tile_queries) {
@@ -80,24 +114,38 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
     std::fill(s.denominator.begin(), s.denominator.begin() + rows, kNothingAttended);
     const int64_t first_p = past + i0, last_p = first_p + rows / G - 1;
     for (int64_t t0 = 0; t0 <= last_p; t0 += kExactTile) {
-      const int64_t span = std::min(kExactTile, last_p + 1 - t0);
-      const int64_t r0 = std::max<int64_t>(0, t0 - first_p) * G;  // rows before r0 ended before this tile
-      for (int64_t r = r0; r < rows; ++r) s.counts[r] = std::min(span, first_p + r / G + 1 - t0);
-      const auto step = [&]<typename TR>(const TR* keys, const TR* values, int64_t stride) {
+      int64_t span = std::min(kExactTile, last_p + 1 - t0);
+      // A chunk's tile: its listed positions, gathered unless they are the whole tile.
+      const int64_t* gathered = nullptr;
+      if (listed != nullptr) {
+        const int64_t count = listed_positions(listed, P, t0, t0 + span, s.positions.data());
+        if (count == 0) continue;
+        if (count < span) gathered = s.positions.data();
+        span = count;
+      }
+      // Rows before r0 attend nothing of this tile: their positions lie before its first.
+      const int64_t first_t = gathered != nullptr ? gathered[0] : t0;
+      const int64_t r0 = std::max<int64_t>(0, first_t - first_p) * G;
+      for (int64_t r = r0; r < rows; ++r) {
+        const int64_t p = first_p + r / G;
+        s.counts[r] = gathered == nullptr ? std::min(span, p + 1 - t0)
+                                          : std::upper_bound(gathered, gathered + span, p) - gathered;
+      }
+      // `direct`: the rows are read where they lie in the cache (else from a tile of widened rows).
+      const auto step = [&]<typename TR>(const TR* keys, const TR* values, int64_t stride, bool direct,
+                                         const Half* key_scales, const Half* value_scales) {
         RowStream<TR> stream{keys, values, nullptr, span, 0, stride};
         // Rows read where they lie: the key pass prefetches the tile's values, the value pass the
         // next tile's keys. The hardware prefetchers alone left a decode step's walk over 32K
         // positions 1.3x (int8 rows) to 1.5x (float16) slower (measured); widened rows are in cache.
         const int64_t next_t0 = t0 + kExactTile;
-        stream.prefetching = !widen;
-        if (!widen && next_t0 <= last_p) {
+        stream.prefetching = direct;
+        if (direct && listed == nullptr && next_t0 <= last_p) {
           stream.next_keys = keys + kExactTile * stride;
           stream.next_count = std::min(kExactTile, last_p + 1 - next_t0);
         }
-        if (cache.key_scales != nullptr) {
-          stream.key_scales = cache.key_scales + t0;
-          stream.value_scales = cache.value_scales + t0;
-        }
+        stream.key_scales = key_scales;
+        stream.value_scales = value_scales;
         float* logits = s.logits.data() + r0 * Pp;
         step_logits(s.queries.data() + r0 * Dp, rows - r0, Dp, stream, Pp, prm, logits);
         // Each row's softmax step, in three passes so that the rows' rescale factors come from
@@ -113,17 +161,29 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
           float* weights = s.logits.data() + r * Pp;
           weigh_step(weights, s.counts[r], s.new_max[r], s.rescale[r], s.max_logit[r], s.denominator[r],
                      s.accumulators.data() + r * Dp, Dp);
-          if (importance != nullptr) record_masses(weights, t0, s.counts[r], P, s.max_logit[r], s.masses[r]);
+          if (importance == nullptr) continue;
+          if (gathered != nullptr)
+            record_masses_at(weights, gathered, s.counts[r], P, s.max_logit[r], s.masses[r]);
+          else
+            record_masses(weights, t0, s.counts[r], P, s.max_logit[r], s.masses[r]);
         }
         if (stream.value_scales != nullptr) times_row_scales(logits, rows - r0, span, Pp, stream.value_scales);
         step_values(stream, Dp, rows - r0, s.counts.data() + r0, logits, Pp, s.accumulators.data() + r0 * Dp);
       };
-      if (widen) {
+      const bool int8 = cache.key_scales != nullptr;
+      if (gathered != nullptr) {
+        gather_rows(cache.keys, cache.key_scales, gathered, span, D, Dp, s.keys.data(), s.key_scales.data());
+        gather_rows(cache.values, cache.value_scales, gathered, span, D, Dp, s.values.data(), s.value_scales.data());
+        step(s.keys.data(), s.values.data(), Dp, false, int8 ? s.key_scales.data() : nullptr,
+             int8 ? s.value_scales.data() : nullptr);
+      } else if (widen) {
         widen_rows(cache.keys + t0 * D, span, D, Dp, s.keys.data());
         widen_rows(cache.values + t0 * D, span, D, Dp, s.values.data());
-        step(s.keys.data(), s.values.data(), Dp);
+        step(s.keys.data(), s.values.data(), Dp, false, int8 ? cache.key_scales + t0 : nullptr,
+             int8 ? cache.value_scales + t0 : nullptr);
       } else {
-        step(cache.keys + t0 * D, cache.values + t0 * D, D);
+        step(cache.keys + t0 * D, cache.values + t0 * D, D, true, int8 ? cache.key_scales + t0 : nullptr,
+             int8 ? cache.value_scales + t0 : nullptr);
       }
     }
     for (int64_t r = 0; r < rows; r += G) {  // query i0 + r / G: its G rows

@@ -234,8 +234,8 @@ void attend_selected(const SparseBlockAttentionParams& prm, int64_t item, int64_
 }
 
 // Work units [begin, end) (attention_unit: an item's queries [first, last)): every valid query
-// attends, the exact ones (a prefix of the call) in query tiles over every position, the rest query
-// by query over their blocks.
+// attends, the exact ones (a prefix of the call) in query tiles over every position, then the chunk
+// queries in query tiles over their chunk's blocks, the rest query by query over their blocks.
 // With the calling thread's scratch `s`, not inlined for the reason select_items_with gives.
 template <typename T, typename TC>
 [[gnu::noinline]] void attention_items_with(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end,
@@ -256,7 +256,17 @@ template <typename T, typename TC>
     for (int64_t i = std::max(valid, u.first); i < u.last; ++i) std::fill(output(i), output(i) + G * D, from_float<T>(0.0f));
     if (u.first < std::min(exact, u.last))
       attend_exact<T, TC>(prm, u.item, u.first, std::min(exact, u.last), cache, s.exact, importance);
-    for (int64_t i = std::max(exact, u.first); i < std::min(valid, u.last); ++i) {
+    // Chunk queries, chunk by chunk: the exact walk over the positions of the chunk's blocks.
+    const int64_t chunked = std::min(chunk_queries_end(prm, b), valid);
+    const int64_t Q = prm.chunk_size;
+    for (int64_t i = std::max(exact, u.first); i < std::min(chunked, u.last);) {
+      const int64_t c = i / Q, end = std::min({c * Q + Q, chunked, u.last});
+      s.exact.listed.resize(prm.num_blocks);
+      mark_listed(chunk_list(prm, u.item, c), prm.chunk_top_k, prm.num_blocks, s.exact.listed.data());
+      attend_exact<T, TC>(prm, u.item, i, end, cache, s.exact, importance, s.exact.listed.data());
+      i = end;
+    }
+    for (int64_t i = std::max(chunked, u.first); i < std::min(valid, u.last); ++i) {
       begin_query(query + i * D, S, D, G, Dp, s.state());
       attend_selected<T, TC>(prm, u.item, i, cache, s, output(i), importance);
     }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../chunk_rows.h"
 #include "../int8_bounds.h"
 #include "../select_order.h"
 #include "../sparse_block_select.h"
@@ -328,6 +329,18 @@ template <typename T, typename TC>
   // same forced blocks, same importance).
   const bool shared_pass = selections > 1 && prm.score == ScoreMode::Bound;
   int64_t scored_query = -1;  // item * S + i of the query whose heads' scores s.head_scores holds
+  // A chunk's rows (its pool groups x G heads) score as the "max" reduction's rows of one query.
+  for_each_chunk_row<TC>(prm, begin, end, [&](const SelectItem<TC>& item, ChunkMembers members, int64_t first_block,
+                                              int64_t last_block, int32_t* row) {
+    select_chunk_row(prm, first_block, last_block, row, s, [&](int64_t eligible, float* scores) {
+      const int64_t rows = load_chunk_rows<T>(prm, item.b, item.n, members.first / prm.chunk_size, members, Dp,
+                                              s.query);
+      const float* factor = nullptr;
+      if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), rows, Dp, D, s.row_factor);
+      score_blocks(bound_rows(s.query.data(), rows, Dp, s.query_positive, factor), item.kmax, item.kmin,
+                   item.exponent, D, eligible, scores, s);
+    });
+  });
   for_each_select_row<TC>(prm, begin, end, [&](const SelectItem<TC>& item, int64_t i, int64_t own, int64_t p,
                                                int32_t* row) {
     if (shared_pass) {
