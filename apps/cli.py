@@ -1,6 +1,7 @@
 """The `quest-ort` command: `chat FOLDER` (a terminal chat) and `serve FOLDER` (an OpenAI-compatible server).
 
     quest-ort chat qwen3-quest --max-new-tokens 256
+    quest-ort chat qwen3-quest --prefill sparse # long prompts answered sooner (docs/quality.md)
     quest-ort serve qwen3-quest --port 8000     # then any OpenAI client at http://127.0.0.1:8000/v1
     quest-ort serve qwen3-quest --replicas 2    # two processes behind one address (Ray Serve)
 """
@@ -13,6 +14,7 @@ import pathlib
 import sys
 import time
 
+from ..runtime.generate import PREFILL_MODES
 from .console import add_logging_flags, bar, configure_logging
 
 log = logging.getLogger("quest_ort")
@@ -53,7 +55,7 @@ def chat(args, read_line=input, write=sys.stdout.write) -> int:
     from ..runtime.model import CapacityError, QuestModel
 
     model = QuestModel(args.folder, threads=args.threads)
-    generator = TextGenerator(model)
+    generator = TextGenerator(model, prefill=args.prefill)
     conversation = Chat(model, system=args.system, generator=generator, **_sampling_options(args))
     log.info("%s: %d layers, capacity %d tokens. %s", args.folder, model.sidecar.geometry.num_layers,
              generator.capacity, CHAT_HELP)
@@ -109,7 +111,7 @@ def serve(args) -> int:
     from .serve import serve as run_server
 
     run_server(args.folder, host=args.host, port=args.port, name=args.name, threads=args.threads,
-               log_level="debug" if args.verbose else "warning" if args.quiet else "info")
+               prefill=args.prefill, log_level="debug" if args.verbose else "warning" if args.quiet else "info")
     return 0
 
 
@@ -118,7 +120,7 @@ def serve_replicas(args) -> int:
 
     try:
         run_replicas(args.folder, args.replicas, host=args.host, port=args.port, name=args.name, threads=args.threads,
-                     log_level="debug" if args.verbose else "warning" if args.quiet else "info")
+                     prefill=args.prefill, log_level="debug" if args.verbose else "warning" if args.quiet else "info")
     except (RayServeMissingError, ReplicaStartError) as error:
         log.error("quest-ort serve --replicas: %s", error)
         return 2
@@ -138,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("folder", type=pathlib.Path, help="a folder written by export-sparse (with its tokenizer)")
     common.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
+    common.add_argument("--prefill", choices=PREFILL_MODES, default="exact",
+                        help="how prompts are prefilled: exact (the default: every prompt token attends to all before "
+                             "it), sparse (chunks of prompt tokens select their blocks: a long prompt's first token "
+                             "several times sooner, docs/quality.md), or per-token (each selects as decode does)")
     add_logging_flags(common)
 
     talk = commands.add_parser("chat", parents=[common], help="chat in the terminal", description=CHAT_HELP)

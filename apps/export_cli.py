@@ -90,6 +90,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--score", choices=("bound", "probe"), default="bound",
                    help="block scores: Quest's upper bound (default) or probes of num-probes keys per block")
     p.add_argument("--num-probes", type=_setting("num_probes"), default=8, help="keys per block read by --score probe (default 8)")
+    prefill = p.add_argument_group("sparse prefill (Generator(prefill='sparse'), quest-ort --prefill sparse; "
+                                   "docs/ops.md chunk queries)")
+    prefill.add_argument("--prefill-share", type=_setting("chunk_share"), default=_DEFAULT.chunk_share,
+                         help="share of the other blocks each chunk of prompt queries selects, at least --k "
+                         f"(default {_DEFAULT.chunk_share:g})")
+    prefill.add_argument("--prefill-window", type=_setting("chunk_window"), default=_DEFAULT.chunk_window,
+                         help=f"blocks before each chunk it always attends (default {_DEFAULT.chunk_window})")
+    prefill.add_argument("--prefill-chunk", type=_setting("chunk_size"), default=_DEFAULT.chunk_size,
+                         help=f"prompt queries that share a selection (default {_DEFAULT.chunk_size})")
+    prefill.add_argument("--prefill-top-k", type=_setting("chunk_top_k"), default=_DEFAULT.chunk_top_k,
+                         help=f"most blocks a chunk attends, its forced ones included (default {_DEFAULT.chunk_top_k})")
+    prefill.add_argument("--prefill-pool", type=_setting("chunk_pool"), default=_DEFAULT.chunk_pool,
+                         help="consecutive queries averaged into one scoring row per head (default "
+                         f"{_DEFAULT.chunk_pool}: every query scores)")
     p.add_argument("--portable", action="store_true",
                    help="write every Quest op as its standard-op function body: runs without the op library, e.g. "
                    "on ONNX Runtime's CANN execution provider in graph mode (slower on CPUs; docs/cann.md)")
@@ -135,13 +149,19 @@ def main(argv=None) -> int:
         print(f"export-sparse: error: {missing}", file=sys.stderr)
         return 1
 
-    settings = SparseSettings(
-        top_k=args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,
-        group_reduce=args.group_reduce, importance_fraction=args.importance_fraction,
-        dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, bounds_dtype=args.bounds_dtype, attention=args.attention,
-        score=args.score, num_probes=args.num_probes, portable=args.portable, weights=args.weights,
-        key_smoothing=not args.no_key_smoothing,
-    )
+    try:  # the settings' own checks (a prefill chunk's forced blocks past --prefill-top-k, ...)
+        settings = SparseSettings(
+            top_k=args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,
+            group_reduce=args.group_reduce, importance_fraction=args.importance_fraction,
+            dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, bounds_dtype=args.bounds_dtype,
+            attention=args.attention, score=args.score, num_probes=args.num_probes, portable=args.portable,
+            weights=args.weights, key_smoothing=not args.no_key_smoothing, chunk_share=args.prefill_share,
+            chunk_window=args.prefill_window, chunk_size=args.prefill_chunk, chunk_top_k=args.prefill_top_k,
+            chunk_pool=args.prefill_pool,
+        )
+    except ValueError as error:
+        print(f"export-sparse: error: {error}", file=sys.stderr)
+        return 1
     output = args.output or pathlib.Path(f"{args.family}-{args.attention}-k{args.k}")
     try:
         if args.family == "onnx":

@@ -19,6 +19,8 @@ import pathlib
 import signal
 import threading
 
+from ..runtime.generate import check_prefill_mode
+
 log = logging.getLogger("quest_ort.serve")
 
 DEPLOYMENT_NAME = "quest-ort"
@@ -51,38 +53,42 @@ def replica_threads(replicas: int, threads: int | None) -> int | None:
     return max(1, (os.cpu_count() or 1) // replicas)
 
 
-def _app_builder(folder: str, name: str, threads: int | None):
+def _app_builder(folder: str, name: str, threads: int | None, prefill: str = "exact"):
     """What Ray Serve calls inside each replica to make its app: the model is opened there, so each
-    replica has its own session and caches (only these three arguments travel from the driver)."""
+    replica has its own session and caches (only these four arguments travel from the driver)."""
 
     def build():
         from ..runtime.chat import TextGenerator
         from ..runtime.model import QuestModel
         from .serve import create_app
 
-        return create_app(TextGenerator(QuestModel(folder, threads=threads)), name)
+        return create_app(TextGenerator(QuestModel(folder, threads=threads), prefill=prefill), name)
 
     return build
 
 
-def application(folder, *, replicas: int, name: str | None = None, threads: int | None = None):
+def application(folder, *, replicas: int, name: str | None = None, threads: int | None = None,
+                prefill: str = "exact"):
     """The Ray Serve application (not yet running): `replicas` copies of create_app's app over `folder`."""
     _, serve = _import_ray()
     folder = pathlib.Path(folder).resolve()
-    ingress = serve.ingress(_app_builder(str(folder), name or folder.name, replica_threads(replicas, threads)))
+    ingress = serve.ingress(_app_builder(str(folder), name or folder.name, replica_threads(replicas, threads),
+                                         prefill))
     # One logical CPU each: the local Ray instance is given exactly `replicas` of them.
     deployment = serve.deployment(ingress(), name=DEPLOYMENT_NAME, num_replicas=replicas,
                                   ray_actor_options={"num_cpus": 1})
     return deployment.bind()
 
 
-def _check_folder(folder: pathlib.Path) -> None:
-    """Refuse a folder the replicas could not open before starting Ray (the same errors, and exit
-    status, as the single-process server), without loading its weights here."""
-    from ..model_folder.sidecar import Sidecar
+def _check_folder(folder: pathlib.Path, prefill: str) -> None:
+    """Refuse a folder the replicas could not open (or prefill as asked) before starting Ray (the same
+    errors, and exit status, as the single-process server), without loading its weights here."""
+    from ..model_folder.sidecar import ModelFolderError, Sidecar
     from ..runtime.text import FolderTokenizer
 
-    Sidecar.read(folder)
+    problem = Sidecar.read(folder).prefill_problem(check_prefill_mode(prefill))
+    if problem is not None:
+        raise ModelFolderError(f"{folder} {problem}")
     FolderTokenizer.from_folder(folder)
 
 
@@ -102,14 +108,14 @@ def _interrupt(signum, frame):
 
 
 def serve_replicas(folder, replicas: int, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
-                   threads: int | None = None, log_level: str = "info") -> None:
+                   threads: int | None = None, prefill: str = "exact", log_level: str = "info") -> None:
     """Serve the folder with `replicas` replicas on http://host:port until interrupted (Ctrl-C or
     SIGTERM), then stop the replicas and the local Ray instance. Call it before anything else in the
     process imports ray: the settings below are read when ray is imported."""
     if replicas < 1:
         raise ValueError(f"replicas must be at least 1, got {replicas}")
     folder = pathlib.Path(folder)
-    _check_folder(folder)
+    _check_folder(folder, prefill)
     # Inherited by the processes Ray starts: no usage-stats report (the one outside call Ray would
     # make), and Ray's single-machine mode (its default on macOS and Windows), whose node address is
     # 127.0.0.1, so that its processes reach each other over the loopback only.
@@ -128,8 +134,8 @@ def serve_replicas(folder, replicas: int, *, host: str = "127.0.0.1", port: int 
     try:
         serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": log_level.upper()})
         try:
-            serve.run(application(folder, replicas=replicas, name=name, threads=threads), name=DEPLOYMENT_NAME,
-                      route_prefix="/")
+            serve.run(application(folder, replicas=replicas, name=name, threads=threads, prefill=prefill),
+                      name=DEPLOYMENT_NAME, route_prefix="/")
         except RuntimeError as error:  # Ray Serve's "Deploying application ... failed", after its retries
             raise ReplicaStartError(f"the replicas did not start: {_replica_error(serve) or error}") from error
         log.info("serving %s as %d replicas on http://%s:%d/v1 (Ray Serve; each replica its own session and cache)",

@@ -3,7 +3,7 @@
     POST /v1/chat/completions   messages -> reply (the folder's chat template), streamed with `stream`
     POST /v1/completions        a text prompt -> its continuation
     GET  /v1/models             the one model served
-    GET  /health                {"status": "ok", "busy": ..., "queued": ..., "pid": ...}
+    GET  /health                {"status": "ok", "busy": ..., "queued": ..., "prefill": ..., "pid": ...}
 
 Requests are queued, not batched: one worker thread runs them one after another, first come first
 served, over one TextGenerator (one cache of the folder's capacity). It keeps the tokens of the
@@ -12,6 +12,12 @@ new turn. Each request is checked before it queues: a prompt plus max_tokens pas
 or a field this server does not implement (n > 1, logprobs, echo, tools...), is a 400 in OpenAI's
 error format naming it. A client that disconnects (streaming or not) stops its generation before the
 next token, and the queue moves on.
+
+A long prompt's prefill shows its progress: a streaming response sends an SSE comment line
+`: prefill DONE/TOTAL` after each prefill step (clients skip comment lines; a raw reader sees the
+first token coming), and `/health` gives the running request's `"prefill": {"done", "total"}`.
+`quest-ort serve --prefill sparse` prefills prompts in chunks that select their blocks
+(runtime/generate.py).
 """
 
 from __future__ import annotations
@@ -75,13 +81,22 @@ def _message_text(content, index: int) -> str:
     raise RequestError(f"messages[{index}].content must be a string or text parts", f"messages[{index}].content")
 
 
+class Progress:
+    """A prefill step done: `done` of `total` prompt tokens (what the cache did not hold) fed."""
+
+    def __init__(self, done: int, total: int):
+        self.done, self.total = done, total
+
+
 class Job:
-    """One checked request: its prompt ids and generation settings, and how to cancel it."""
+    """One checked request: its prompt ids and generation settings, how to cancel it, and how far
+    its prefill went."""
 
     def __init__(self, prompt: list[int], sampling: Sampling, stop: tuple[str, ...]):
         self.prompt, self.sampling, self.stop = prompt, sampling, stop
         self.cancelled = threading.Event()
         self.stream: TextStream | None = None
+        self.prefill: Progress | None = None  # None until its first prefill step ends
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -132,14 +147,20 @@ class Server:
             raise RequestError(str(error)) from error
         return Job(prompt, sampling, tuple(stop))
 
-    def run(self, job: Job, emit: Callable[[str], None]) -> TextStream | None:
+    def run(self, job: Job, emit: Callable[[str | Progress], None]) -> TextStream | None:
         """Runs `job` on the worker thread (queued behind earlier ones), calling emit(delta) per
-        delta; the finished TextStream, or None when cancelled before it started."""
+        delta, and emit(Progress) after each prefill step; the finished TextStream, or None when
+        cancelled before it started."""
         if job.cancelled.is_set():
             return None
         self.current = job
+
+        def prefilled(done: int, total: int) -> None:
+            job.prefill = Progress(done, total)
+            emit(job.prefill)
+
         try:
-            job.stream = self.generator.complete(job.prompt, job.sampling, stop=job.stop)
+            job.stream = self.generator.complete(job.prompt, job.sampling, stop=job.stop, on_prefill=prefilled)
             if job.cancelled.is_set():
                 job.stream.cancel()
             with job.stream:
@@ -153,7 +174,13 @@ class Server:
     def busy(self) -> bool:
         return self.current is not None
 
-    async def submit(self, job: Job, emit: Callable[[str], None]) -> TextStream | None:
+    def prefill_progress(self) -> dict | None:
+        """How far the running request's prefill went: {"done", "total"} tokens, or None."""
+        job = self.current
+        progress = job.prefill if job is not None else None
+        return None if progress is None else {"done": progress.done, "total": progress.total}
+
+    async def submit(self, job: Job, emit: Callable[[str | Progress], None]) -> TextStream | None:
         with self._lock:
             self.queued += 1
         try:
@@ -206,6 +233,7 @@ def create_app(generator: TextGenerator, name: str):
     async def health():
         # pid: which process answered, when replicas (apps/replicas.py) share one address
         return {"status": "ok", "model": name, "busy": server.busy, "queued": server.queued,
+                "prefill": server.prefill_progress(), "prefill_mode": generator.prefill,
                 "context_used": generator.context_used, "capacity": generator.capacity, "pid": os.getpid()}
 
     @app.get("/v1/models")
@@ -257,7 +285,7 @@ def create_app(generator: TextGenerator, name: str):
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
         if not stream:
-            result = await until_disconnected(request, job, server.submit(job, lambda delta: None))
+            result = await until_disconnected(request, job, server.submit(job, lambda item: None))
             if result is None or result.finish_reason == "cancelled":  # nobody is left to answer
                 return JSONResponse(_error_body("the client disconnected", kind="cancelled"), status_code=499)
             choice = {"index": 0, "finish_reason": result.finish_reason}
@@ -305,7 +333,10 @@ def create_app(generator: TextGenerator, name: str):
             if chat:
                 yield chunk(delta={"role": "assistant", "content": ""})
             while (item := await queue.get()) is not done:
-                yield chunk(delta={"content": item}, text=item)
+                if isinstance(item, Progress):  # an SSE comment: clients skip it, a reader sees the prefill
+                    yield f": prefill {item.done}/{item.total}\n\n"
+                else:
+                    yield chunk(delta={"content": item}, text=item)
             try:
                 result = task.result()
             except Exception as error:  # a failed step: said in the stream, as OpenAI does, then ended
@@ -325,8 +356,9 @@ def create_app(generator: TextGenerator, name: str):
 
 
 def serve(folder, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, threads: int | None = None,
-          log_level: str = "info") -> None:
-    """Load the folder and serve it until interrupted."""
+          prefill: str = "exact", log_level: str = "info") -> None:
+    """Load the folder and serve it until interrupted; `prefill`: how prompts are prefilled
+    ("exact", "sparse", "per-token": runtime/generate.py)."""
     import pathlib
 
     import uvicorn
@@ -334,8 +366,8 @@ def serve(folder, *, host: str = "127.0.0.1", port: int = 8000, name: str | None
     from ..runtime.model import QuestModel
 
     folder = pathlib.Path(folder)
-    generator = TextGenerator(QuestModel(folder, threads=threads))
+    generator = TextGenerator(QuestModel(folder, threads=threads), prefill=prefill)
     app = create_app(generator, name or folder.resolve().name)
-    log.info("serving %s as %r on http://%s:%d/v1 (capacity %d tokens; requests queued, one at a time)",
-             folder, app.state.server.name, host, port, generator.capacity)
+    log.info("serving %s as %r on http://%s:%d/v1 (capacity %d tokens, %s prefill; requests queued, one at a time)",
+             folder, app.state.server.name, host, port, generator.capacity, generator.prefill)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

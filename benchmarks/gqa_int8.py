@@ -70,6 +70,9 @@ class Int8CacheGqa:
         aliases = {present: past for layer in self.sidecar.layers for present, past in layer.present_to_past().items()}
         self._step = InPlaceStep(self.session, aliases)
 
+    def check_prefill(self, mode: str) -> None:
+        """GroupQueryAttention prefills exactly in every mode."""
+
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         g = self.sidecar.geometry
         shape = (batch, g.kv_num_heads, capacity, g.head_dim)
@@ -77,10 +80,10 @@ class Int8CacheGqa:
         names = [LayerCaches(io.past_key, io.past_value) for io in self.sidecar.layers]
         return KVCache.of(capacity, np.zeros(batch, np.int32), layers, names)
 
-    def step(self, cache: KVCache, input_ids: np.ndarray, *, exact: bool = True,
+    def step(self, cache: KVCache, input_ids: np.ndarray, *, exact: bool = True, chunked: bool = False,
              last_logits: int | None = None) -> np.ndarray:
-        """As QuestModel.step (GroupQueryAttention always attends exactly: `exact` is accepted for the
-        common interface; `last_logits`: the step's last positions only)."""
+        """As QuestModel.step (GroupQueryAttention always attends exactly: `exact` and `chunked` are
+        accepted for the common interface; `last_logits`: the step's last positions only)."""
         names = self.sidecar.inputs
         total = cache.lengths + input_ids.shape[1]
         feeds = {names["input_ids"]: input_ids.astype(np.int64), names["past_lens"]: cache.lengths.copy(),

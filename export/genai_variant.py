@@ -12,6 +12,7 @@ folded to rank 3 around its op:
     attention_mask ─ReduceSum─Cast─ total_lens ─────────────────────────────┐
     input_ids ─Shape[1]─Cast─ new ─Sub(total_lens, new)─ past_lens ────────┼─ the exported nodes
                                   └─Greater(new, 1)─Where(total, past)─ exact_lens (a prompt attends exactly)
+    past_lens ─Identity─ chunk_lens (no chunk query: genai prefills exactly)
     Constant 0 ─ logits_keep (every position's logits: genai picks the prompt's last row itself)
     past_block_max.l [B, N*M, D] ─Reshape─ [B, N, M, D] ─QuestMetadata─ [B, N, M, D] ─Reshape─ present_block_max.l
 
@@ -30,7 +31,7 @@ import shutil
 GENAI_MODEL_FILE = "model.genai.onnx"
 GENAI_CONFIG_FILE = "genai_config.json"
 LIBRARY_FILE = "libquest_ort_ops.so"  # the op library's copy beside them
-LENGTH_INPUTS = ("past_lens", "total_lens", "exact_lens", "logits_keep")  # inputs the preamble computes
+LENGTH_INPUTS = ("past_lens", "total_lens", "exact_lens", "chunk_lens", "logits_keep")  # what the preamble computes
 
 
 def genai_refusal(sidecar) -> str | None:
@@ -87,6 +88,8 @@ def genai_graph(graph_path: pathlib.Path, sidecar):
         helper.make_node("Greater", ["genai_new", "genai_one"], ["genai_prompt"]),
         helper.make_node("Where", ["genai_prompt", "total_lens", "past_lens"], ["exact_lens"]),
     ]
+    if "chunk_lens" in sidecar.inputs:
+        preamble.append(helper.make_node("Identity", ["past_lens"], ["chunk_lens"]))
     if "logits_keep" in sidecar.inputs:
         preamble.append(helper.make_node("Constant", [], ["logits_keep"],
                                          value=helper.make_tensor("genai_all_logits", TensorProto.INT64, [1], [0])))

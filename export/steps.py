@@ -107,7 +107,7 @@ def save_folder(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry
                                      track_importance=tracks_importance(layers)),
         vocab_size=vocab, capacity=capacity, sparse_layers=counts["sparse_layers"], layers=layers,
         eos_token_ids=eos,
-        inputs={name: name for name in ("input_ids", "past_lens", "total_lens", "exact_lens", "logits_keep")
+        inputs={name: name for name in ("input_ids", "past_lens", "total_lens", "exact_lens", "chunk_lens", "logits_keep")
                 if any(value.name == name for value in onnx_model.graph.inputs)},
         exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "input_kind": counts["kind"],
                   "rules": sorted(set(counts["layers"].values()))},

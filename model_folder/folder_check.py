@@ -23,14 +23,14 @@ import dataclasses
 import numpy as np
 import onnx
 
-from .settings import WEIGHT_BITS
+from .settings import CHUNK_SETTINGS, WEIGHT_BITS
 from .sidecar import LayerIO, ModelFolderError, Sidecar
 from ..ops.schemas import DOMAIN, OPS_BY_NAME
 
 _GQA = ("com.microsoft", "GroupQueryAttention")
 # Per input role: the element type and rank the runtime feeds it with.
 _ROLES = {"input_ids": ("int64", 2), "past_lens": ("int32", 1), "total_lens": ("int32", 1), "exact_lens": ("int32", 1),
-          "logits_keep": ("int64", 1)}
+          "chunk_lens": ("int32", 1), "logits_keep": ("int64", 1)}
 
 
 def _slot(op_name: str, kind: str, name: str) -> int:
@@ -343,6 +343,8 @@ class _Checker:
     def check_attributes(self, nodes: list) -> None:
         layer_of = {id(node): index for index, layer in enumerate(self.layers) for node in layer.nodes}
         described = self.s.to_dict()  # the sidecar's fields by name, as its JSON holds them
+        # (the chunk settings also where the JSON leaves them out: they hold their defaults there)
+        described.update({name: getattr(self.s.settings, name) for name in CHUNK_SETTINGS})
         # QuestMetadata must bound the keys as the caches hold them: int8 caches, int8 keys.
         described["key_cache_type"] = "int8" if self.s.settings.kv_dtype == "int8" else "float"
         for node in nodes:

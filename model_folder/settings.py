@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..ops.reference.sparse_block_select import most_chunk_forced
 from ..ops.schemas import SPARSE_BLOCK_SELECT
 
 # The settings that become SparseBlockSelect attributes (same names): their ranges are the op schema's,
 # and an int attribute must fit in int32, so a bad value is refused here rather than by the checker.
-ATTRIBUTE_SETTINGS = ("top_k", "block_size", "sink_blocks", "recent_blocks", "importance_fraction", "num_probes")
+ATTRIBUTE_SETTINGS = ("top_k", "block_size", "sink_blocks", "recent_blocks", "importance_fraction", "num_probes",
+                      "chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "chunk_pool")
+# The settings of a sparse prefill's chunk queries (docs/ops.md, chunk queries): SparseBlockSelect
+# attributes (chunk_size is SparseBlockAttention's too), written into a folder's sidecar only where
+# they differ from these defaults, which are the op schema's.
+CHUNK_SETTINGS = ("chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "chunk_pool")
 # How the MatMul weights are stored: as the source has them ("float"), or quantized by the exporter
 # into com.microsoft.MatMulNBits nodes of these bits (export/quantize.py).
 WEIGHT_BITS = {"int8": 8, "int4": 4}
@@ -63,12 +69,26 @@ class SparseSettings:
     # queries by the inverse, so that one scale per row suits every channel (apps/calibrate.py).
     # A folder records whether its graph does it (false with float caches).
     key_smoothing: bool = True
+    # A sparse prefill (Generator(prefill="sparse")): each chunk of chunk_size prompt queries lists
+    # its own blocks, a window of chunk_window blocks before them and the sinks, and selects
+    # chunk_share of the other blocks (at least top_k, at most chunk_top_k listed in all), scored by
+    # rows that average chunk_pool queries (docs/ops.md, chunk queries).
+    chunk_size: int = SPARSE_BLOCK_SELECT.attribute("chunk_size").default
+    chunk_top_k: int = SPARSE_BLOCK_SELECT.attribute("chunk_top_k").default
+    chunk_share: float = SPARSE_BLOCK_SELECT.attribute("chunk_share").default
+    chunk_window: int = SPARSE_BLOCK_SELECT.attribute("chunk_window").default
+    chunk_pool: int = SPARSE_BLOCK_SELECT.attribute("chunk_pool").default
 
     def __post_init__(self):
         for name in ATTRIBUTE_SETTINGS:
             problem = attribute_range_problem(name, getattr(self, name))
             if problem:
                 raise ValueError(f"{name} {problem}")
+        most = most_chunk_forced(self.chunk_size, self.block_size, self.chunk_window, self.sink_blocks)
+        if self.chunk_top_k < most:
+            raise ValueError(f"chunk_top_k = {self.chunk_top_k} cannot hold a prefill chunk's forced blocks: up to "
+                             f"{most} (its own blocks, chunk_window = {self.chunk_window}, sink_blocks = "
+                             f"{self.sink_blocks})")
         if self.weights not in WEIGHT_TYPES:
             raise ValueError(f"weights must be one of {list(WEIGHT_TYPES)}, got {self.weights!r}")
         if self.kv_dtype == "int8" and self.attention == "gqa":

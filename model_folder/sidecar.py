@@ -14,8 +14,9 @@ import dataclasses
 import json
 import pathlib
 
+from ..ops.reference.sparse_block_select import most_chunk_forced
 from ..ops.schemas import CACHE_TYPES, FLOAT_TYPES, SPARSE_BLOCK_SELECT
-from .settings import WEIGHT_TYPES, Geometry, SparseSettings
+from .settings import CHUNK_SETTINGS, WEIGHT_TYPES, Geometry, SparseSettings
 
 SIDECAR_NAME = "quest_model.json"
 FORMAT = "quest_ort.model/1"
@@ -75,7 +76,7 @@ _JSON_KEYS = ("model_file", "family", "source", "num_layers", "num_heads", "kv_n
               "activation_dtype", "kv_dtype", "capacity", "block_size", "top_k", "sink_blocks", "recent_blocks",
               "group_reduce", "importance_fraction", "sparse_layers", "dense_layers", "layers", "inputs", "outputs",
               "eos_token_ids", "tokenizer", "attention", "score", "num_probes", "portable", "bounds_dtype", "weights",
-              "key_smoothing", "exporter", "format")
+              "key_smoothing", *CHUNK_SETTINGS, "exporter", "format")
 # Fields older exports lack, and the values they mean there.
 _JSON_DEFAULTS = {
     "inputs": lambda: {"input_ids": "input_ids", "past_lens": "past_lens", "total_lens": "total_lens"},
@@ -83,9 +84,10 @@ _JSON_DEFAULTS = {
     "eos_token_ids": list, "tokenizer": lambda: None, "attention": lambda: "quest", "score": lambda: "bound",
     "num_probes": lambda: 8, "portable": lambda: False, "bounds_dtype": lambda: None, "exporter": dict,
     "weights": lambda: "float", "key_smoothing": lambda: False,
+    **{name: (lambda name=name: SPARSE_BLOCK_SELECT.attribute(name).default) for name in CHUNK_SETTINGS},
 }
 # Fields left out of the JSON when they hold their default (their absence says it).
-_WRITTEN_UNLESS_DEFAULT = ("weights", "key_smoothing")
+_WRITTEN_UNLESS_DEFAULT = ("weights", "key_smoothing", *CHUNK_SETTINGS)
 
 
 @dataclasses.dataclass
@@ -112,6 +114,20 @@ class Sidecar:
     def bounds_dtype(self) -> str:
         """The block bounds' dtype (exports older than the field keep them in the caches' dtype)."""
         return self.settings.bounds_dtype or self.settings.kv_dtype
+
+    def prefill_problem(self, mode: str) -> str | None:
+        """Why this folder's graph cannot prefill in `mode` ("exact", "sparse", "per-token"), or None:
+        an export older than the input the mode feeds. A graph without sparse layers (the
+        GroupQueryAttention baseline, an all-dense export) attends exactly in every mode."""
+        if self.settings.attention != "quest" or not self.sparse_layers:
+            return None
+        if mode == "exact" and "exact_lens" not in self.inputs:
+            return ("was exported before exact prefill (its graph has no exact_lens input): export it again, or "
+                    "prefill token by token (prefill='per-token')")
+        if mode == "sparse" and "chunk_lens" not in self.inputs:
+            return ("was exported before sparse prefill (its graph has no chunk_lens input): export it again "
+                    "(export-sparse with the same options), or prefill exactly")
+        return None
 
     def to_dict(self) -> dict:
         """The JSON object: the geometry's and settings' fields flat beside the others."""
@@ -196,12 +212,12 @@ def tracks_importance(layers: list[LayerIO]) -> bool:
 # The sidecar's Quest settings are SparseBlockSelect attributes of the same names: their ranges and
 # choices come from the op schema, so the sidecar accepts exactly what the ops accept.
 _SELECT_FIELDS = ("num_heads", "kv_num_heads", "block_size", "top_k", "sink_blocks", "recent_blocks", "num_probes",
-                  "group_reduce", "score", "importance_fraction")
+                  "group_reduce", "score", "importance_fraction", *CHUNK_SETTINGS)
 _POSITIVE_FIELDS = ("num_layers", "head_dim", "vocab_size", "capacity")
 _CHOICES = {"activation_dtype": FLOAT_TYPES, "kv_dtype": CACHE_TYPES, "attention": ("quest", "gqa")}
 _STRING_FIELDS = ("model_file", "family", "source")
 _INPUT_ROLES, _OUTPUT_ROLES = ("input_ids", "past_lens", "total_lens"), ("logits",)
-_OPTIONAL_INPUT_ROLES = ("exact_lens", "logits_keep")
+_OPTIONAL_INPUT_ROLES = ("exact_lens", "chunk_lens", "logits_keep")
 
 
 def _is_int(value) -> bool:
@@ -226,6 +242,9 @@ def _check_fields(data: dict, problem) -> None:
                 raise problem(field, f"must be one of {list(spec.choices)}, got {value!r}")
         elif (why := spec.range_problem(value)) is not None:
             raise problem(field, why)
+    most = most_chunk_forced(data["chunk_size"], data["block_size"], data["chunk_window"], data["sink_blocks"])
+    if data["chunk_top_k"] < most:
+        raise problem("chunk_top_k", f"= {data['chunk_top_k']} cannot hold a prefill chunk's forced blocks: up to {most}")
     if data["num_heads"] % data["kv_num_heads"]:
         raise problem("num_heads", f"= {data['num_heads']} is not a multiple of kv_num_heads = {data['kv_num_heads']}")
     for field, choices in {**_CHOICES, "bounds_dtype": (None, *CACHE_TYPES), "weights": WEIGHT_TYPES}.items():
@@ -306,8 +325,8 @@ def _check_layers(data: dict, problem) -> None:
 
 
 def _check_roles(data: dict, problem) -> None:
-    """The names the runtime feeds (input_ids, past_lens, total_lens, exact_lens, logits_keep) and
-    reads (logits)."""
+    """The names the runtime feeds (input_ids, past_lens, total_lens, exact_lens, chunk_lens, logits_keep)
+    and reads (logits)."""
     for field, required, optional in (("inputs", _INPUT_ROLES, _OPTIONAL_INPUT_ROLES), ("outputs", _OUTPUT_ROLES, ())):
         value = data[field]
         if not isinstance(value, dict):

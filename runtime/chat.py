@@ -12,8 +12,9 @@ A reply stops at the model's end-of-turn ids (the sidecar's `eos_token_ids`), at
 at `max_new_tokens` (default: as far as the cache capacity allows). One TextGenerator owns one cache
 (batch 1) and remembers which tokens it holds: a request whose tokens begin with them prefills only
 the rest; one that departs from them keeps the shared beginning, back to a metadata block boundary
-(QuestModel.truncate). The prompt is prefilled exactly and generated tokens select their blocks,
-as Generator does (runtime/generate.py).
+(QuestModel.truncate). The prompt is prefilled exactly by default and generated tokens select their
+blocks, as Generator does (runtime/generate.py); `prefill="sparse"` prefills in chunks that select
+their blocks (a long prompt's first token sooner: docs/quality.md says what it keeps).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from . import inputs
-from .generate import PREFILL_CHUNK, GeneratorBusyError, Sampling, Stream, choose
+from .generate import PREFILL_CHUNK, GeneratorBusyError, Sampling, Stream, check_prefill_mode, check_progress, choose
 from .model import CapacityError, QuestModel
 from .text import FolderTokenizer, StopText, TextDeltas
 
@@ -102,8 +103,11 @@ class TextGenerator:
     """Text completions of token prompts over one cache of batch 1 that remembers its tokens."""
 
     def __init__(self, model, *, tokenizer: FolderTokenizer | None = None, capacity: int | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_chunk: int = PREFILL_CHUNK, prefill: str = "exact"):
+        """`prefill`: how prompts are prefilled, as Generator's ("exact", "sparse" or "per-token")."""
         self.model = _model(model)
+        self.prefill = check_prefill_mode(prefill)
+        self.model.check_prefill(self.prefill)
         self.tokenizer = tokenizer or FolderTokenizer.from_folder(self.model.directory)
         self.capacity = self.model.capacity if capacity is None else inputs.integer(capacity, "capacity", 1)
         self.prefill_chunk = inputs.integer(prefill_chunk, "prefill_chunk", 1)
@@ -147,6 +151,7 @@ class TextGenerator:
         included in it). `on_prefill(done, total)`: called after each prefill chunk."""
         prompt = inputs.prompts([prompt], self.model.vocab_size)[0].tolist()
         sampling = self.sampling(len(prompt), sampling, **options)
+        on_prefill = check_progress(on_prefill)
         if isinstance(stop, str):
             stop = (stop,)
         if not all(isinstance(s, str) for s in stop):
@@ -184,7 +189,8 @@ class TextGenerator:
             if stream.cancelled:
                 return
             chunk = rest[start : start + self.prefill_chunk]
-            logits = self.model.step(self.cache, np.array([chunk], np.int64), exact=True, last_logits=1)[0, -1]
+            logits = self.model.step(self.cache, np.array([chunk], np.int64), exact=self.prefill == "exact",
+                                     chunked=self.prefill == "sparse", last_logits=1)[0, -1]
             self.cached.extend(chunk)
             if on_prefill is not None:
                 on_prefill(start + len(chunk), len(rest))

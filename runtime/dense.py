@@ -44,6 +44,9 @@ class OptimumModel:
     def prefill_chunk(self, batch: int, preferred: int) -> int:
         return preferred
 
+    def check_prefill(self, mode: str) -> None:
+        """Dense attention prefills exactly in every mode."""
+
     def new_cache(self, batch: int, capacity: int | None = None) -> GrowingCache:
         batch = integer(batch, "batch", 1)
         capacity = None if capacity is None else integer(capacity, "capacity", 1)
@@ -51,8 +54,9 @@ class OptimumModel:
         return GrowingCache(int(capacity or 2**31 - 1), np.zeros(batch, np.int32), np.zeros((batch, 0), np.int64), past)
 
     def step(self, cache: GrowingCache, input_ids: np.ndarray, valid: np.ndarray | None = None, *,
-             exact: bool = True, last_logits: int | None = None) -> np.ndarray:
-        """One step; dense attention is always exact (`exact` is accepted for the common interface).
+             exact: bool = True, chunked: bool = False, last_logits: int | None = None) -> np.ndarray:
+        """One step; dense attention is always exact (`exact` and `chunked` are accepted for the common
+        interface).
         `last_logits`: the logits of the step's last positions only (sliced: the source graph
         computes them all)."""
         if not isinstance(cache, GrowingCache):

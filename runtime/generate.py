@@ -1,9 +1,12 @@
 """Token generation over a model folder's runtime: batched prompts of different lengths, greedy or
 seeded sampling (temperature, top-k, top-p), stop tokens, a streaming iterator.
 
-Prompts are prefilled exactly (every prompt token attends to all before it, as Quest does) and
-sparse selection starts with the first generated token; `prefill="sparse"` makes every prompt
-token select its blocks too (less prefill arithmetic, lower quality: docs/quality.md).
+Prompts are prefilled exactly by default (every prompt token attends to all before it, as Quest
+does) and sparse selection starts with the first generated token. `prefill="sparse"` prefills in
+chunks of queries that each attend their own positions, a window before them, the sink and the
+blocks they select from the block bounds (docs/ops.md, chunk queries): a long prompt's first token
+comes several times sooner (docs/quality.md says what it keeps); `prefill="per-token"` makes every
+prompt token select its blocks as a decode step does (for measurements: it loses pass keys).
 
 ```python
 generator = Generator(QuestModel("qwen3-quest"))
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,7 +37,8 @@ from . import inputs
 from .model import CapacityError, KVCache
 
 PREFILL_CHUNK = 512
-PREFILL_MODES = ("exact", "sparse")
+PREFILL_MODES = ("exact", "sparse", "per-token")
+ProgressCallback = Callable[[int, int], None]  # (prompt positions prefilled, of how many)
 
 
 class StepModel(Protocol):
@@ -52,10 +56,13 @@ class StepModel(Protocol):
     def new_cache(self, batch: int, capacity: int | None = None) -> Any: ...
 
     def step(self, cache: Any, input_ids: np.ndarray, valid: np.ndarray | None = None, *,
-             exact: bool = False, last_logits: int | None = None) -> np.ndarray: ...
+             exact: bool = False, chunked: bool = False, last_logits: int | None = None) -> np.ndarray: ...
 
     def prefill_chunk(self, batch: int, preferred: int) -> int:
         """Positions per prefill step, given the `preferred` chunk."""
+
+    def check_prefill(self, mode: str) -> None:
+        """Raises ValueError, saying why, when the model cannot prefill in `mode` (PREFILL_MODES)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,18 +109,29 @@ def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> 
     return np.array([rng.choice(len(row), p=row) for row in probabilities])
 
 
-def _check_prefill_mode(mode: str) -> str:
-    if mode not in PREFILL_MODES:
-        raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {mode!r}")
+def check_prefill_mode(mode) -> str:
+    """`mode` when it is one of PREFILL_MODES, else a ValueError naming them."""
+    if not isinstance(mode, str) or mode not in PREFILL_MODES:
+        raise ValueError(f"prefill must be one of {', '.join(map(repr, PREFILL_MODES))}, got {mode!r}")
     return mode
 
 
+def check_progress(callback) -> ProgressCallback | None:
+    if callback is not None and not callable(callback):
+        raise inputs.InputTypeError(f"on_prefill must be callable (done, total), got {type(callback).__name__}")
+    return callback
+
+
 def prefill(model: StepModel, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK,
-            mode: str = "exact") -> np.ndarray:
+            mode: str = "exact", on_prefill: ProgressCallback | None = None) -> np.ndarray:
     """Feed the prompts (right-padded into one batch) `chunk` positions per step into an empty cache;
     returns the logits of each prompt's last token [B, V]. `mode`: "exact" (every prompt token
-    attends to every position before it) or "sparse" (each selects its blocks, as decode does)."""
-    exact = _check_prefill_mode(mode) == "exact"
+    attends to every position before it), "sparse" (each chunk of prompt tokens to its own blocks,
+    a window and the blocks it selects) or "per-token" (each selects its blocks, as decode does).
+    `on_prefill(done, total)` is called after each step with the positions fed so far."""
+    mode = check_prefill_mode(mode)
+    model.check_prefill(mode)
+    on_prefill = check_progress(on_prefill)
     prompts = inputs.prompts(prompts, model.vocab_size)
     chunk = inputs.integer(chunk, "chunk", 1)
     if len(prompts) != cache.batch:
@@ -134,12 +152,15 @@ def prefill(model: StepModel, cache: KVCache, prompts: Sequence[Sequence[int]], 
         ending = np.flatnonzero((lengths > start) & (lengths <= start + chunk))  # rows whose prompt ends here
         # only the positions from the earliest prompt end on need logits (the head runs for them alone)
         kept = positions - int((lengths[ending] - start - 1).min()) if len(ending) else 1
-        logits = model.step(cache, ids[:, start : start + chunk], valid=valid, exact=exact, last_logits=kept)
+        logits = model.step(cache, ids[:, start : start + chunk], valid=valid, exact=mode == "exact",
+                            chunked=mode == "sparse", last_logits=kept)
         if last is None:
             last = np.zeros((len(prompts), logits.shape[-1]), np.float32)
         for row in ending:
             last[row] = logits[row, lengths[row] - start - 1 - (positions - kept)]
         del logits  # before the next step makes its own
+        if on_prefill is not None:
+            on_prefill(start + positions, width)
     return last
 
 
@@ -190,10 +211,13 @@ class Stream:
 class Generator:
     def __init__(self, model: StepModel, capacity: int | None = None, prefill: str = "exact"):
         """`prefill`: "exact" (the default, Quest's split: the prompt attends exactly, generated
-        tokens select their blocks) or "sparse" (prompt tokens select their blocks too)."""
+        tokens select their blocks), "sparse" (each chunk of prompt tokens attends its own blocks, a
+        window and the blocks it selects: docs/ops.md, chunk queries) or "per-token" (every prompt
+        token selects its blocks as decode does)."""
         self.model = model
         self.capacity = None if capacity is None else inputs.integer(capacity, "capacity", 1)
-        self.prefill = _check_prefill_mode(prefill)
+        self.prefill = check_prefill_mode(prefill)
+        model.check_prefill(self.prefill)
         self.cache: KVCache | None = None
         # Held by the open stream. A lock rather than a flag: two threads asking at once cannot both
         # get the cache. Streams hold its release, not the Generator, so dropping one frees it at once.
@@ -221,13 +245,17 @@ class Generator:
             raise ValueError(f"stop_tokens must lie in [0, {vocab}), got {outside[0]}")
         return rows
 
-    def stream(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> Stream:
+    def stream(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling(), *,
+               on_prefill: ProgressCallback | None = None) -> Stream:
         """A Stream yielding, per step, each row's new token (None for rows that already stopped).
+        `on_prefill(done, total)`: called after each prefill step with the prompt positions fed so
+        far (a long prompt's progress).
 
         The arguments are checked, and the cache prepared, when stream is called: a bad argument, a
         request past the capacity, or GeneratorBusyError while another stream of this Generator is
         open, raises there, with the cache untouched."""
         prompts = self._check_request(prompts, sampling)
+        on_prefill = check_progress(on_prefill)
         if not self._busy.acquire(blocking=False):
             raise GeneratorBusyError(
                 "a stream of this Generator is open and its cache is in use: exhaust or close() that stream "
@@ -237,13 +265,14 @@ class Generator:
         except BaseException:
             self._busy.release()
             raise
-        return Stream(self._steps(cache, prompts, sampling), self._busy.release)
+        return Stream(self._steps(cache, prompts, sampling, on_prefill), self._busy.release)
 
-    def _steps(self, cache: KVCache, prompts: list[np.ndarray], sampling: Sampling) -> Iterator[list[int | None]]:
+    def _steps(self, cache: KVCache, prompts: list[np.ndarray], sampling: Sampling,
+               on_prefill: ProgressCallback | None) -> Iterator[list[int | None]]:
         rng = np.random.default_rng(sampling.seed)
         if sampling.max_new_tokens == 0:
             return
-        logits = prefill(self.model, cache, prompts, mode=self.prefill)
+        logits = prefill(self.model, cache, prompts, mode=self.prefill, on_prefill=on_prefill)
         done = np.zeros(len(prompts), bool)
         for step in range(sampling.max_new_tokens):
             tokens = choose(logits, sampling, rng)
@@ -255,9 +284,10 @@ class Generator:
             valid = (~done).astype(np.int32)
             logits = self.model.step(cache, tokens[:, None].astype(np.int64), valid=valid)[:, 0]
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling()) -> list[list[int]]:
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling(), *,
+                 on_prefill: ProgressCallback | None = None) -> list[list[int]]:
         """The new tokens of each row (stop tokens included, nothing after them)."""
-        with self.stream(prompts, sampling) as steps:
+        with self.stream(prompts, sampling, on_prefill=on_prefill) as steps:
             rows: list[list[int]] = [[] for _ in prompts]
             for step in steps:
                 for row, token in enumerate(step):

@@ -7,8 +7,9 @@ logits = model.step(cache, input_ids, valid=np.array([5, 3]), exact=True)  # pro
 logits = model.step(cache, next_ids[:, None])                                # one decode token per row
 ```
 A step feeds `past_lens` (tokens already cached per row), `total_lens` (valid after the step),
-`exact_lens` (its tokens attend exactly when `exact`, else each selects its blocks) and
-`logits_keep` (the head runs for the step's last `last_logits` positions only), and binds every
+`exact_lens` (its tokens attend exactly when `exact`), `chunk_lens` (else, when `chunked`, they
+select their blocks per chunk of queries: a sparse prefill; otherwise each its own, as decode does)
+and `logits_keep` (the head runs for the step's last `last_logits` positions only), and binds every
 present output to its past input's buffer: the ops write only the new tokens.
 """
 
@@ -27,7 +28,7 @@ from ..model_folder.safety import check_external_data, load_model_file
 from ..model_folder.sidecar import SIDECAR_NAME, Sidecar
 from .binding import InPlaceStep
 from .buffers import cache_buffer
-from .inputs import integer, step_arguments
+from .inputs import InputTypeError, integer, step_arguments
 from .sessions import NUMPY_TYPES, make_session
 
 
@@ -168,14 +169,28 @@ class QuestModel:
         """True when the graph takes exact_lens: each step says whether its tokens attend exactly."""
         return "exact_lens" in self.sidecar.inputs
 
+    def check_prefill(self, mode: str) -> None:
+        """Raises ValueError when this folder's graph cannot prefill in `mode` ("exact", "sparse",
+        "per-token"): an export older than the input the mode feeds (Sidecar.prefill_problem)."""
+        problem = self.sidecar.prefill_problem(mode)
+        if problem is not None:
+            raise ValueError(f"{self.directory} {problem}")
+
+    @property
+    def selects_per_chunk(self) -> bool:
+        """True when the graph takes chunk_lens: a step's tokens may select per chunk (sparse prefill)."""
+        return "chunk_lens" in self.sidecar.inputs
+
     def step(self, cache: KVCache, input_ids: np.ndarray, valid: np.ndarray | None = None, *,
-             exact: bool = False, last_logits: int | None = None) -> np.ndarray:
+             exact: bool = False, chunked: bool = False, last_logits: int | None = None) -> np.ndarray:
         """Run one prefill or decode step; returns logits [B, S, vocab] (or [B, last_logits, vocab]).
 
         `input_ids` [B, S]; row b holds `valid[b]` real tokens followed by padding (default: all S).
         `exact`: the step's tokens attend to every cached position (a prompt, as Quest prefills);
-        otherwise each selects its blocks (sparse layers). A graph without sparse layers (the
-        GroupQueryAttention baseline, an all-dense export) always attends exactly.
+        `chunked`: each chunk of the step's tokens selects its blocks (a sparse prefill,
+        docs/ops.md chunk queries); otherwise each token selects its own (sparse layers). A graph
+        without sparse layers (the GroupQueryAttention baseline, an all-dense export) always
+        attends exactly.
         `last_logits` (1..S): the logits of the step's last positions only, the head computed for
         them alone when the graph takes logits_keep (a prompt step needs one row: at 512 positions
         and Qwen3's vocabulary the rest are 311 MB); otherwise sliced from the full logits.
@@ -187,6 +202,10 @@ class QuestModel:
             got = "the caches of another model" if isinstance(cache, KVCache) else f"a {type(cache).__name__}"
             raise ValueError(f"cache must come from this model's new_cache, got {got}")
         input_ids, valid = step_arguments(input_ids, valid, exact, cache.batch, self.sidecar.vocab_size)
+        if not isinstance(chunked, bool):
+            raise InputTypeError(f"chunked must be True or False, got {chunked!r}")
+        if exact and chunked:
+            raise ValueError("a step attends exactly (exact=True) or per chunk (chunked=True), not both")
         new_tokens = input_ids.shape[1]
         kept = new_tokens if last_logits is None else integer(last_logits, "last_logits", 1, new_tokens)
         total = cache.lengths + valid
@@ -201,13 +220,14 @@ class QuestModel:
                 f"row {row} holds {int(cache.lengths[row])} tokens and a step of {new_tokens} positions (padding "
                 f"included) would pass the cache capacity {cache.capacity}; nothing was written")
         names = self.sidecar.inputs
-        if exact and self.sidecar.settings.attention == "quest" and self.sidecar.sparse_layers and not self.selects_per_step:
-            raise ValueError(f"{self.directory} was exported before exact prefill (its graph has no exact_lens "
-                             "input): export it again, or prefill sparsely (prefill='sparse')")
+        if exact or chunked:
+            self.check_prefill("exact" if exact else "sparse")
         feeds = {names["input_ids"]: input_ids, names["past_lens"]: cache.lengths.copy(),
                  names["total_lens"]: total.astype(np.int32), **cache.values}
         if self.selects_per_step:
             feeds[names["exact_lens"]] = (total if exact else cache.lengths).astype(np.int32)
+        if self.selects_per_chunk:
+            feeds[names["chunk_lens"]] = (total if chunked else cache.lengths).astype(np.int32)
         slices_head = "logits_keep" in names
         if slices_head:  # 0: every position (the source graph's logits)
             feeds[names["logits_keep"]] = np.array([0 if kept == new_tokens else kept], np.int64)

@@ -52,8 +52,10 @@ class RewriteContext:
         self.int8_bounds = self.bounds_dtype == ir.DataType.INT8
         self.past_lens = input_value("past_lens", ir.DataType.INT32, [batch_dim])
         self.total_lens = input_value("total_lens", ir.DataType.INT32, [batch_dim])
-        # Queries below exact_lens attend exactly (the runtime's prompt steps), the rest select blocks.
+        # Queries below exact_lens attend exactly (the runtime's prompt steps), the rest below chunk_lens
+        # select per chunk (a sparse prefill's), the others per token (decode).
         self.exact_lens = input_value("exact_lens", ir.DataType.INT32, [batch_dim])
+        self.chunk_lens = input_value("chunk_lens", ir.DataType.INT32, [batch_dim])
         N, D = geometry.kv_num_heads, geometry.head_dim
         self.block_max: dict[int, ir.Value] = {}
         self.block_min: dict[int, ir.Value] = {}
@@ -114,10 +116,11 @@ class RewriteContext:
         ```
         key --QuestMetadata(past_block_max.l, past_block_min.l, [past_block_exponent.l])   (sparse)
             --> block_max', block_min', [block_exponent']                                  (int8 bounds)
-        query --SparseBlockSelect(block_max', block_min', exact_lens, [block_exponent'])
-              --> block_indices                                                             (sparse)
+        query --SparseBlockSelect(block_max', block_min', exact_lens, [block_exponent'], chunk_lens)
+              --> block_indices, chunk_indices                                              (sparse)
         query, key, value --SparseBlockAttention(key_cache, value_cache, [block_indices, exact_lens],
-                                                 [key_scale.l, value_scale.l])          (int8 caches)
+                                                 [key_scale.l, value_scale.l],          (int8 caches)
+                                                 [chunk_indices, chunk_lens])                (sparse)
                           --> output, key_cache_out, value_cache_out, [key_scale', value_scale']
         ```
         """
@@ -127,7 +130,7 @@ class RewriteContext:
         heads = dict(num_heads=g.num_heads, kv_num_heads=g.kv_num_heads, block_size=s.block_size)
         if layer in self.key_factors:
             query, key = self._smooth_keys(op, layer, query, key)
-        indices = None
+        indices = chunk_indices = None
         importance = self.block_importance.get(layer)
         if self.is_sparse(layer):
             key_cache_type = {"key_cache_type": "int8"} if self.int8 else {}
@@ -139,21 +142,27 @@ class RewriteContext:
             block_max, block_min = metadata[:2]
             exponent_out = metadata[2] if exponent else None
             select_attributes = dict(top_k=s.top_k, sink_blocks=s.sink_blocks, recent_blocks=s.recent_blocks,
-                                     group_reduce=s.group_reduce, score=s.score, num_probes=s.num_probes)
+                                     group_reduce=s.group_reduce, score=s.score, num_probes=s.num_probes,
+                                     chunk_size=s.chunk_size, chunk_top_k=s.chunk_top_k,
+                                     chunk_share=float(s.chunk_share), chunk_window=s.chunk_window,
+                                     chunk_pool=s.chunk_pool)
             if s.importance_fraction:
                 select_attributes["importance_fraction"] = s.importance_fraction
             probe_inputs = (key_cache, key) if s.score == "probe" else (None, None)
-            indices = op.SparseBlockSelect(query, block_max, block_min, self.past_lens, self.total_lens, importance,
-                                           *probe_inputs, self.exact_lens, exponent_out, **heads,
-                                           **select_attributes, _domain=DOMAIN)
-        scales = (self.key_scale[layer], self.value_scale[layer]) if self.int8 else ()
+            indices, chunk_indices = op.SparseBlockSelect(
+                query, block_max, block_min, self.past_lens, self.total_lens, importance, *probe_inputs,
+                self.exact_lens, exponent_out, self.chunk_lens, **heads, **select_attributes, _domain=DOMAIN,
+                _outputs=2)
+        scales = (self.key_scale[layer], self.value_scale[layer]) if self.int8 else (None, None)
+        chunks = (chunk_indices, self.chunk_lens) if chunk_indices is not None else ()
+        chunk_size = {"chunk_size": s.chunk_size} if chunks else {}
         outputs = op.SparseBlockAttention(
             query, key, value, key_cache, value_cache, self.past_lens, indices, self.total_lens,
-            self.exact_lens if indices is not None else None, *scales,
-            **heads, scale=float(scale), softcap=float(softcap), _domain=DOMAIN,
-            _outputs=6 if scales else 4 if importance is not None else 3)
+            self.exact_lens if indices is not None else None, *(scales if self.int8 or chunks else ()), *chunks,
+            **heads, scale=float(scale), softcap=float(softcap), **chunk_size, _domain=DOMAIN,
+            _outputs=6 if self.int8 else 4 if importance is not None else 3)
         output, key_out, value_out = outputs[:3]
-        if scales:
+        if self.int8:
             # outputs[3], the block importance, stays unread without `importance`: steps.save_folder
             # leaves it unnamed (absent), and the op then computes none
             self.scale_outputs[layer] = (outputs[4], outputs[5])

@@ -1,6 +1,6 @@
 """Turn a rewritten graph's I/O into the Quest model I/O (docs/export.md, "The Quest model I/O").
 
-- inputs: input_ids, past_lens, total_lens, exact_lens (when a layer is sparse), logits_keep (when
+- inputs: input_ids, past_lens, total_lens, exact_lens and chunk_lens (when a layer is sparse), logits_keep (when
   the logits come from a head the rewrite can slice: logits.py), and per layer
   past_key.l, past_value.l [B,N,C,D] (+ past_block_max.l, past_block_min.l [B,N,M,D] for sparse
   layers);
@@ -80,7 +80,8 @@ def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_val
     inputs = list(graph.inputs)
     position_of = {value.name: i for i, value in enumerate(inputs)}
     after_ids = position_of.get("input_ids", -1) + 1
-    new_inputs = [context.past_lens, context.total_lens] + ([context.exact_lens] if context.sparse_layers() else [])
+    new_inputs = [context.past_lens, context.total_lens]
+    new_inputs += [context.exact_lens, context.chunk_lens] if context.sparse_layers() else []
     new_inputs += [logits_keep] if logits_keep is not None else []
     for layer, (key_scale, value_scale) in context.scale_outputs.items():
         new_inputs += [context.key_scale[layer], context.value_scale[layer]]

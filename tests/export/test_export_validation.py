@@ -57,11 +57,13 @@ def test_small_budgets_validate(k, block_size, reduce, tmp_path, capsys):
 
 def test_the_validation_plan_covers_sparse_steps_inside_the_budget_and_passes_it():
     # --k 4 --block-size 4: 16 tokens covered; an exact prefill of 8 then 8 sparse steps inside
-    # the budget, a sparse prefill of 8, and a 24-token prompt past it (its 4 decode steps only finite)
-    assert plan(covered=16, capacity=8192) == [(8, 8, True), (8, 0, False), (24, 4, True)]
-    assert plan(covered=1, capacity=8192) == [(1, 0, True), (1, 0, False), (24, 4, True)]
-    assert plan(covered=256, capacity=8192) == [(24, 8, True), (24, 0, False), (264, 4, True)]
-    assert plan(covered=2048, capacity=300) == [(24, 8, True), (24, 0, False), (296, 4, True)]
+    # the budget, a sparse (chunked) and a per-token prefill of 8, and a 24-token prompt past it (its 4
+    # decode steps only finite)
+    modes = ("exact", "sparse", "per-token", "exact")
+    assert plan(covered=16, capacity=8192) == list(zip((8, 8, 8, 24), (8, 0, 0, 4), modes))
+    assert plan(covered=1, capacity=8192) == list(zip((1, 1, 1, 24), (0, 0, 0, 4), modes))
+    assert plan(covered=256, capacity=8192) == list(zip((24, 24, 24, 264), (8, 0, 0, 4), modes))
+    assert plan(covered=2048, capacity=300) == list(zip((24, 24, 24, 296), (8, 0, 0, 4), modes))
 
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
@@ -132,5 +134,5 @@ def test_quantized_weights_over_narrow_caches_are_bounded_by_both_tolerances(tmp
     assert drift.tolerance == pytest.approx(math.hypot(validate.WEIGHT_TOLERANCES["int8"],
                                                        validate.CACHE_TOLERANCES["int8"]))
     assert drift.relative_error >= report.cache_drift.relative_error / 2
-    # the calibration prompt, then the plan's prompts and decode steps once: (8, 8 steps), (8), (24, 4 steps)
-    assert source_steps == [(1, 256)] + [(1, 8)] + [(1, 1)] * 8 + [(1, 8)] + [(1, 24)] + [(1, 1)] * 4
+    # the calibration prompt, then the plan's prompts and decode steps once: (8, 8 steps), (8), (8), (24, 4 steps)
+    assert source_steps == [(1, 256)] + [(1, 8)] + [(1, 1)] * 8 + [(1, 8)] * 2 + [(1, 24)] + [(1, 1)] * 4

@@ -34,3 +34,11 @@ def test_quiet_keeps_only_the_replies_and_end_of_input_leaves():
 def test_a_folder_without_a_tokenizer_is_one_line_and_exit_code_2():
     done = chat(quest_export("qwen3", top_k=4), "Hi\n")
     assert done.returncode == 2 and "no tokenizer" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_prefill_sparse_answers_and_an_unknown_mode_is_refused_by_the_parser():
+    done = chat(text_export(), "Hello there\n", "--prefill", "sparse")
+    assert done.returncode == 0, done.stderr
+    assert "tokens/s" in done.stderr
+    refused = chat(text_export(), "Hi\n", "--prefill", "dense")
+    assert refused.returncode == 2 and "invalid choice: 'dense'" in refused.stderr

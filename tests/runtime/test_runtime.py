@@ -4,14 +4,16 @@ capacity errors, and the dense GroupQueryAttention baseline of the same model.""
 from __future__ import annotations
 
 import functools
+import pathlib
 
 import numpy as np
+import onnx
 import pytest
 
 from quest_ort.apps.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.runtime.compare import compare
-from quest_ort.runtime.generate import Generator, Sampling, greedy
+from quest_ort.runtime.generate import PREFILL_MODES, Generator, Sampling, greedy, prefill
 from quest_ort.runtime.model import CapacityError, QuestModel
 from support.export_models import quest_export
 
@@ -194,15 +196,72 @@ def test_default_model_agrees_with_its_dense_baseline_over_64_tokens(tmp_path):
     assert comparison.identical, f"{comparison.matching_fraction:.0%} identical"
 
 
-def test_prefill_mode_is_checked_and_an_export_without_exact_lens_is_named():
-    with pytest.raises(ValueError, match="prefill must be one of"):
+def test_prefill_mode_is_checked_and_an_export_without_its_inputs_is_named():
+    with pytest.raises(ValueError, match="prefill must be one of 'exact', 'sparse', 'per-token'"):
         Generator(_quest(), prefill="dense")
     model = QuestModel(quest_export("qwen3", top_k=2), threads=1)
-    assert model.selects_per_step
+    assert model.selects_per_step and model.selects_per_chunk
+    with pytest.raises(ValueError, match="attends exactly .* or per chunk"):
+        model.step(model.new_cache(1, 64), np.array([[1, 2, 3]]), exact=True, chunked=True)
     del model.sidecar.inputs["exact_lens"]  # as an export from before exact prefill reads
-    with pytest.raises(ValueError, match="export it again, or prefill sparsely"):
+    with pytest.raises(ValueError, match="export it again, or prefill token by token"):
         model.step(model.new_cache(1, 64), np.array([[1, 2, 3]]), exact=True)
     model = QuestModel(quest_export("qwen3", top_k=2), threads=1)
-    exact, sparse = (Generator(model, prefill=mode).generate(_prompts(), Sampling(max_new_tokens=4))
-                     for mode in ("exact", "sparse"))
-    assert [len(row) for row in exact] == [len(row) for row in sparse] == [4, 4, 4]
+    del model.sidecar.inputs["chunk_lens"]  # as an export from before sparse prefill reads
+    with pytest.raises(ValueError, match="exported before sparse prefill .* export it again"):
+        Generator(model, prefill="sparse")
+    with pytest.raises(ValueError, match="exported before sparse prefill"):
+        model.step(model.new_cache(1, 64), np.array([[1, 2, 3]]), chunked=True)
+    model = QuestModel(quest_export("qwen3", top_k=2), threads=1)
+    rows = [Generator(model, prefill=mode).generate(_prompts(), Sampling(max_new_tokens=4)) for mode in PREFILL_MODES]
+    assert all([len(row) for row in tokens] == [4, 4, 4] for tokens in rows)
+
+
+def _select_variant(folder: pathlib.Path, name: str, **attributes) -> str:
+    """A graph next to the export with other SparseBlockSelect attributes (same I/O and weights)."""
+    model = onnx.load(str(folder / "model.quest.onnx"), load_external_data=False)
+    for node in model.graph.node:
+        if node.op_type == "SparseBlockSelect":
+            kept = [a for a in node.attribute if a.name not in attributes]
+            del node.attribute[:]
+            node.attribute.extend(kept + [onnx.helper.make_attribute(k, v) for k, v in attributes.items()])
+    file = f"model.{name}.onnx"
+    onnx.save(model, str(folder / file))
+    return file
+
+
+def test_a_sparse_prefill_whose_chunks_list_every_block_is_the_exact_prefill_bit_for_bit():
+    """Chunk queries walk the exact walk's tiles restricted to their chunk's blocks (docs/ops.md): a
+    chunk that lists every block gives the exact prefill's bits. A short window and share list fewer,
+    and the logits move (the prefill is sparse), while decode steps after it run as usual."""
+    folder = quest_export("qwen3", top_k=2)
+    prompt = np.random.default_rng(5).integers(0, 256, 300).tolist()  # 19 blocks of 16 at the end
+    exact = QuestModel(folder, threads=1)
+    every = QuestModel(folder, threads=1, model_file=_select_variant(folder, "chunks-every", chunk_share=1.0))
+    few = QuestModel(folder, threads=1, model_file=_select_variant(folder, "chunks-few", chunk_share=0.0,
+                                                                    chunk_window=1))
+    reference, reference_logits = greedy(exact, [prompt], 6, return_logits=True)
+    for model, same in ((every, True), (few, False)):
+        tokens, logits = greedy(model, [prompt], 6, return_logits=True, prefill_mode="sparse")
+        assert np.array_equal(logits[0], reference_logits[0]) == same
+        if same:
+            assert tokens == reference and all(np.array_equal(a, b) for a, b in zip(logits, reference_logits))
+        else:
+            assert len(tokens[0]) == 6 and np.isfinite(logits[-1]).all()
+
+
+def test_a_prefill_reports_its_progress_after_each_step():
+    """Generator's on_prefill(done, total): after each prefill step, the positions fed of the longest
+    prompt; a callback that is not callable is refused before anything runs."""
+    model = _quest()
+    prompts = [list(range(1, 200)), list(range(3, 40))]
+    seen = []
+    generator = Generator(model, prefill="sparse")
+    with pytest.raises(ValueError, match="on_prefill must be callable"):
+        generator.generate(prompts, Sampling(max_new_tokens=2), on_prefill=42)
+    prefill(model, model.new_cache(2, 256), prompts, chunk=64, mode="sparse",
+            on_prefill=lambda done, total: seen.append((done, total)))
+    assert seen == [(64, 199), (128, 199), (192, 199), (199, 199)]
+    steps = []
+    tokens = generator.generate(prompts, Sampling(max_new_tokens=2), on_prefill=lambda d, t: steps.append((d, t)))
+    assert steps == [(199, 199)] and [len(row) for row in tokens] == [2, 2]

@@ -29,10 +29,10 @@ class SlowModel:
     def __init__(self, model: QuestModel, pause: float):
         self._model, self._pause = model, pause
 
-    def step(self, cache, input_ids, valid=None, *, exact=False, last_logits=None):
-        if not exact:
+    def step(self, cache, input_ids, valid=None, *, exact=False, chunked=False, last_logits=None):
+        if not exact and not chunked:
             time.sleep(self._pause)
-        return self._model.step(cache, input_ids, valid, exact=exact, last_logits=last_logits)
+        return self._model.step(cache, input_ids, valid, exact=exact, chunked=chunked, last_logits=last_logits)
 
     def __getattr__(self, name):
         return getattr(self._model, name)
@@ -119,6 +119,47 @@ def test_a_request_the_server_cannot_honour_is_a_400_naming_why(served, request_
     with pytest.raises(openai.BadRequestError, match=named):
         client(url).chat.completions.create(**fields)
     assert ask(url, "Hi", 4).choices[0].message.content == expected_reply("Hi", 4)  # still serving
+
+
+class SlowPrefillModel(SlowModel):
+    """The model with a pause before every prefill step: a prefill long enough to watch."""
+
+    def step(self, cache, input_ids, valid=None, *, exact=False, chunked=False, last_logits=None):
+        if exact or chunked:
+            time.sleep(self._pause)
+        return self._model.step(cache, input_ids, valid, exact=exact, chunked=chunked, last_logits=last_logits)
+
+
+def test_a_long_prefill_shows_its_progress_in_the_stream_and_in_health():
+    """A streaming reply sends `: prefill DONE/TOTAL` comment lines (the openai client skips them)
+    after each prefill step, and /health gives the running prefill's progress."""
+    import json
+    import urllib.request
+
+    generator = TextGenerator(SlowPrefillModel(text_model(), pause=0.3), prefill_chunk=16)
+    with running(generator) as (url, app):
+        body = dict(model=NAME, messages=[{"role": "user", "content": QUESTIONS[1] * 3}], max_tokens=4,
+                    temperature=0, stream=True)
+        request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        seen = []
+        watcher = threading.Thread(target=lambda: [seen.append(get(f"{url}/health")["prefill"]) or time.sleep(0.1)
+                                                   for _ in range(12)])
+        with urllib.request.urlopen(request, timeout=60) as response:
+            watcher.start()
+            lines = [line.decode().rstrip("\n") for line in response]
+        watcher.join()
+        comments = [line for line in lines if line.startswith(": prefill ")]
+        done = [int(line.split()[2].split("/")[0]) for line in comments]
+        total = {int(line.split("/")[1]) for line in comments}
+        assert len(comments) >= 3 and done == sorted(done) and len(total) == 1 and done[-1] == total.pop()
+        assert lines.index(comments[-1]) < next(i for i, line in enumerate(lines) if '"content": "' in line
+                                                and '"content": ""' not in line)  # before the first token
+        assert any(progress is not None and 0 < progress["done"] < progress["total"] for progress in seen)
+        assert get(f"{url}/health")["prefill"] is None  # nothing running
+        streamed = client(url).chat.completions.create(**{**body, "stream": True})  # the client skips them
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == expected_reply(
+            QUESTIONS[1] * 3, 4)
 
 
 def test_a_client_that_gives_up_on_a_plain_request_stops_its_generation_too():
