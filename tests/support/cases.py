@@ -378,6 +378,14 @@ LONG_CASES = [
             "dtypes": ("float32", "float16")}),
     Case(**{**_LONG, "batch": 3, "heads": (32, 8), "head_dim": 128, "top_k": "32", "new_tokens": 3,
             "dtypes": ("float16", "float16")}),
+    # Chunk queries over long rows: a chunk's many scoring rows in tiles of four against four blocks
+    # (float bounds on AVX-512; int8 bounds' integer tiles: the chunk cases of CASES).
+    Case(**{**_LONG, "heads": (16, 8), "head_dim": 128, "top_k": "32", "new_tokens": 64, "chunk": "all",
+            "chunk_size": 16, "chunk_window": 3, "chunk_share": 0.3, "chunk_room": 200,
+            "dtypes": ("float32", "float16")}),
+    Case(**{**_LONG, "heads": (14, 2), "head_dim": 64, "top_k": "8", "new_tokens": 64, "chunk": "three-quarters",
+            "chunk_size": 64, "chunk_pool": 3, "chunk_window": 1, "chunk_share": 0.1, "chunk_room": 200,
+            "dtypes": ("float16", "float16")}),
 ]
 
 

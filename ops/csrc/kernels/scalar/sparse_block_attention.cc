@@ -1,8 +1,8 @@
 // Scalar reference kernels of SparseBlockAttention: the cache write and span-wise online softmax.
 //
 // Each query walks its spans in order, one online-softmax step per span: its selected blocks, or
-// (when it attends exactly) tiles of kExactTile positions, or (a chunk query) those tiles' positions
-// inside its chunk's blocks. The scratch per query is O(span + D) whatever the context: prefill
+// (when it attends exactly) tiles of kExactTile positions, or (a chunk query) its positions inside
+// its chunk's blocks, kExactTile at a time. The scratch per query is O(span + D) whatever the context: prefill
 // never builds an S x C matrix.
 #include <algorithm>
 #include <type_traits>
@@ -102,7 +102,7 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
   const int64_t H = prm.num_heads, G = H / prm.kv_heads, K = prm.top_k, width = heads_per_block_list(prm);
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
   std::vector<float> queries(G * Dp), accumulators(G * D), logits(std::max(rows_per_block(prm), kExactTile));
-  std::vector<int64_t> positions(std::max(rows_per_block(prm), kExactTile));
+  std::vector<int64_t> positions(std::max(rows_per_block(prm), kExactTile)), chunk_positions;
   std::vector<uint8_t> listed(prm.chunk_indices != nullptr ? prm.num_blocks : 0);
   std::vector<HeadState> heads(G);
   std::vector<std::vector<BlockMass>> masses(G);
@@ -139,15 +139,14 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
       }
       if (i < exact) {  // every position up to p, tile by tile
         for (int64_t first = 0; first <= p; first += kExactTile) attend_range(cache, first, std::min(first + kExactTile, p + 1));
-      } else if (i < chunked) {  // the tiles' positions up to p inside the chunk's blocks, tiles with none skipped
+      } else if (i < chunked) {  // the positions up to p inside the chunk's blocks, kExactTile at a time
         mark_listed(chunk_list(prm, item, i / prm.chunk_size), prm.chunk_top_k, prm.num_blocks, listed.data());
-        for (int64_t first = 0; first <= p; first += kExactTile) {
-          const int64_t count = listed_positions(listed.data(), P, first, std::min(first + kExactTile, p + 1),
-                                                 positions.data());
-          if (count == 0) continue;
+        chunk_positions.resize(p + 1);
+        const int64_t attended = listed_positions(listed.data(), P, 0, p + 1, chunk_positions.data());
+        for (int64_t k = 0; k < attended; k += kExactTile)
           for (int64_t g = 0; g < G; ++g)
-            attend_span(prm, queries.data() + g * Dp, cache, positions.data(), count, heads[g], logits);
-        }
+            attend_span(prm, queries.data() + g * Dp, cache, chunk_positions.data() + k,
+                        std::min(kExactTile, attended - k), heads[g], logits);
       } else {  // each list of blocks is attended by `width` heads from g0: all G, or one head per list
         for (int64_t g0 = 0; g0 < G; g0 += width) {
           const int32_t* row = prm.block_indices + ((item * (G / width) + g0 / width) * S + i) * K;

@@ -1,7 +1,7 @@
 // The exact (dense causal) walk of SparseBlockAttention over 16-lane vectors: a tile of queries x
 // their G heads attends each tile of kExactTile cache positions together, every row in the scalar
 // kernel's operation order, so each key and value row is read once per query tile. Chunk queries
-// (sparse prefill) take the same walk over the tiles' positions inside their chunk's blocks.
+// (sparse prefill) take the same walk over the positions inside their chunk's blocks.
 #pragma once
 
 #include <algorithm>
@@ -23,7 +23,7 @@ struct ExactScratch {
   std::vector<float> new_max, rescale;  // per row
   std::vector<float> keys, values;  // a float16 (or unpadded) position tile widened to float rows
   std::vector<int64_t> counts;      // positions of the current tile each row attends
-  std::vector<int64_t> positions;   // a chunk's positions of the current tile
+  std::vector<int64_t> positions;   // a chunk's attended positions, ascending
   std::vector<Half> key_scales, value_scales;  // their int8 rows' scales, gathered
   std::vector<uint8_t> listed;      // [num_blocks]: the blocks of the chunk being walked
   std::vector<std::vector<BlockMass>> masses;
@@ -58,27 +58,27 @@ inline void record_masses_at(const float* weights, const int64_t* positions, int
 }
 
 // Queries [i_begin, i_end) of work item `item` (all valid), each attending every position up to
-// its own in tiles of kExactTile positions:
+// its own in spans of kExactTile positions:
 //
-//   position tile:        [0, 64)   [64, 128)   ...   [64 j, p]
-//   query tile rows r:    logits (r x tile) -> per row: max, rescale, weights -> values (r x D)
+//   position span:        [0, 64)   [64, 128)   ...   [64 j, p]
+//   query tile rows r:    logits (r x span) -> per row: max, rescale, weights -> values (r x D)
 //
-// Rows end at different positions only in the last tiles (the query tile's own positions): there
+// Rows end at different positions only in the last spans (the query tile's own positions): there
 // each row's positions past its own are masked out of the max and the weights, and its values pass
 // stops at its own last position.
 // With `listed` (a flag per block: one chunk's blocks, every query of [i_begin, i_end) in that chunk)
-// each tile holds only its positions inside listed blocks, gathered into rows of their own; a tile
-// a row attends nothing of is no step of that row's.
+// the spans are the positions inside listed blocks, ascending, kExactTile at a time: a span of
+// consecutive positions is read where it lies, any other gathered into rows of its own.
 template <typename T, typename TC>
 void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i_begin, int64_t i_end,
                   const ItemCaches<TC>& cache, ExactScratch& s, float* importance, const uint8_t* listed = nullptr) {
   const int64_t S = prm.query_len, D = prm.head_dim, H = prm.num_heads, G = H / prm.kv_heads, Dp = padded(D);
   const int64_t b = item / prm.kv_heads, n = item % prm.kv_heads, past = prm.past_lens[b], P = prm.block_size;
-  // About 64 rows share each position tile's reads: every loaded key and value row is reused many
+  // About 64 rows share each position span's reads: every loaded key and value row is reused many
   // times, and the rows' state stays in L1/L2.
   const int64_t tile_queries = exact_tile_queries(G), most_rows = tile_queries * G;
   constexpr int64_t Pp = kExactTile;
-  // float rows are read where they lie; float16 and int8 rows are widened once per position tile
+  // float rows are read where they lie; float16 and int8 rows are widened once per position span
   // when many rows read each of them (int8 rows without their scales, applied per row). A few rows
   // (a decode step's G heads) read them where they lie too: widening, a store and a reload of every
   // row, then cost more than the rows' own arithmetic.
@@ -98,7 +98,6 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
     s.values.resize(kExactTile * Dp);
   }
   if (listed != nullptr) {
-    s.positions.resize(kExactTile);
     s.key_scales.resize(kExactTile);
     s.value_scales.resize(kExactTile);
   }
@@ -113,36 +112,40 @@ void attend_exact(const SparseBlockAttentionParams& prm, int64_t item, int64_t i
     std::fill(s.max_logit.begin(), s.max_logit.begin() + rows, -std::numeric_limits<float>::infinity());
     std::fill(s.denominator.begin(), s.denominator.begin() + rows, kNothingAttended);
     const int64_t first_p = past + i0, last_p = first_p + rows / G - 1;
-    for (int64_t t0 = 0; t0 <= last_p; t0 += kExactTile) {
-      int64_t span = std::min(kExactTile, last_p + 1 - t0);
-      // A chunk's tile: its listed positions, gathered unless they are the whole tile.
-      const int64_t* gathered = nullptr;
-      if (listed != nullptr) {
-        const int64_t count = listed_positions(listed, P, t0, t0 + span, s.positions.data());
-        if (count == 0) continue;
-        if (count < span) gathered = s.positions.data();
-        span = count;
-      }
-      // Rows before r0 attend nothing of this tile: their positions lie before its first.
-      const int64_t first_t = gathered != nullptr ? gathered[0] : t0;
-      const int64_t r0 = std::max<int64_t>(0, first_t - first_p) * G;
+    // The positions the tile's rows attend, ascending: every one up to last_p, or a chunk's listed ones.
+    int64_t attended = last_p + 1;
+    if (listed != nullptr) {
+      s.positions.resize(last_p + 1);
+      attended = listed_positions(listed, P, 0, last_p + 1, s.positions.data());
+    }
+    const auto position = [&](int64_t k) { return listed != nullptr ? s.positions[k] : k; };
+    // Whether the span of `count` attended positions from the k-th lie one after another.
+    const auto consecutive = [&](int64_t k, int64_t count) { return position(k + count - 1) - position(k) == count - 1; };
+    for (int64_t k0 = 0; k0 < attended; k0 += kExactTile) {
+      const int64_t span = std::min(kExactTile, attended - k0), t0 = position(k0);
+      const int64_t* gathered = consecutive(k0, span) ? nullptr : s.positions.data() + k0;
+      // Rows before r0 attend nothing of this span: their positions lie before its first.
+      const int64_t r0 = std::max<int64_t>(0, t0 - first_p) * G;
       for (int64_t r = r0; r < rows; ++r) {
         const int64_t p = first_p + r / G;
         s.counts[r] = gathered == nullptr ? std::min(span, p + 1 - t0)
                                           : std::upper_bound(gathered, gathered + span, p) - gathered;
       }
-      // `direct`: the rows are read where they lie in the cache (else from a tile of widened rows).
+      // `direct`: the rows are read where they lie in the cache (else from a span of widened rows).
       const auto step = [&]<typename TR>(const TR* keys, const TR* values, int64_t stride, bool direct,
                                          const Half* key_scales, const Half* value_scales) {
         RowStream<TR> stream{keys, values, nullptr, span, 0, stride};
-        // Rows read where they lie: the key pass prefetches the tile's values, the value pass the
-        // next tile's keys. The hardware prefetchers alone left a decode step's walk over 32K
-        // positions 1.3x (int8 rows) to 1.5x (float16) slower (measured); widened rows are in cache.
-        const int64_t next_t0 = t0 + kExactTile;
+        // Rows read where they lie: the key pass prefetches the span's values, the value pass the
+        // next span's keys (when they lie one after another too). The hardware prefetchers alone
+        // left a decode step's walk over 32K positions 1.3x (int8 rows) to 1.5x (float16) slower
+        // (measured); widened rows are in cache.
+        const int64_t next = k0 + kExactTile, next_count = std::min(kExactTile, attended - next);
         stream.prefetching = direct;
-        if (direct && listed == nullptr && next_t0 <= last_p) {
-          stream.next_keys = keys + kExactTile * stride;
-          stream.next_count = std::min(kExactTile, last_p + 1 - next_t0);
+        if constexpr (std::is_same_v<TR, TC>) {
+          if (direct && next < attended && consecutive(next, next_count)) {
+            stream.next_keys = cache.keys + position(next) * D;
+            stream.next_count = next_count;
+          }
         }
         stream.key_scales = key_scales;
         stream.value_scales = value_scales;

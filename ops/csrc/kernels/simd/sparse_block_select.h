@@ -288,6 +288,41 @@ void score_blocks_per_row(const BoundRows& r, const TC* kmax, const TC* kmin, co
   }
 }
 
+// score_blocks for many rows (a chunk's): the rows' bounds max-reduced in row order, as score_blocks
+// reduces them, but where the ISA keeps sixteen sums in registers (Lanes::kFold16) four rows against
+// four blocks at a time (bounds4x4), each block's bounds read once per four rows from L1 instead of
+// once per row. `rows` holds r.heads rows padded with rows of zeros to a multiple of four (scored,
+// never reduced). Float bounds only: int8 ones take score_blocks (an integer dot product, or floats).
+template <typename TC>
+void score_blocks_many_rows(const BoundRows& r, const TC* kmax, const TC* kmin, const int8_t* exponent, int64_t D,
+                            int64_t eligible, float* scores, SelectScratch& selection) {
+  using Tile = std::conditional_t<sizeof(TC) != 0, Lanes, Lanes>;  // dependent: kFold16 is looked up per ISA
+  if constexpr (kInt8Bounds<TC> || !Tile::kFold16) {
+    return score_blocks(r, kmax, kmin, exponent, D, eligible, scores, selection);
+  } else {
+    int64_t m = 0;
+    float tile[4 * kBlockTile];  // [row][block] of one 4 x 4 tile
+    for (; m + kBlockTile <= eligible; m += kBlockTile) {
+      for (int64_t ahead = m + kPrefetchBlocks; ahead < m + kPrefetchBlocks + kBlockTile; ++ahead)
+        prefetch_bounds(kmax, kmin, ahead, eligible, D);
+      for (int64_t g = 0; g < r.heads; g += 4) {
+        bounds4x4(r, g, kmax + m * D, kmin + m * D, D, tile, kBlockTile);
+        for (int64_t k = 0; k < 4 && g + k < r.heads; ++k)
+          for (int64_t j = 0; j < kBlockTile; ++j)
+            scores[m + j] = g + k == 0 ? tile[k * kBlockTile + j] : max_select(tile[k * kBlockTile + j], scores[m + j]);
+      }
+      selection.offer_until(scores, m + kBlockTile);
+    }
+    for (; m < eligible; ++m) {
+      float score = 0.0f;
+      for_each_row_bound(r, kmax + m * D, kmin + m * D, D, [&](int64_t g, float bound) {
+        score = g == 0 ? bound : max_select(bound, score);
+      });
+      scores[m] = score;
+    }
+  }
+}
+
 // Probe scores, as the scalar kernel orders them: per block, probes in order, rows in order.
 template <typename T, typename TC>
 void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, int64_t heads, int64_t eligible,
@@ -335,10 +370,12 @@ template <typename T, typename TC>
     select_chunk_row(prm, first_block, last_block, row, s, [&](int64_t eligible, float* scores) {
       const int64_t rows = load_chunk_rows<T>(prm, item.b, item.n, members.first / prm.chunk_size, members, Dp,
                                               s.query);
+      s.query.resize((rows + 3) / 4 * 4 * Dp, 0.0f);  // rows of zeros to whole tiles of four (never reduced)
       const float* factor = nullptr;
       if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), rows, Dp, D, s.row_factor);
-      score_blocks(bound_rows(s.query.data(), rows, Dp, s.query_positive, factor), item.kmax, item.kmin,
-                   item.exponent, D, eligible, scores, s);
+      BoundRows bound = bound_rows(s.query.data(), (rows + 3) / 4 * 4, Dp, s.query_positive, factor);
+      bound.heads = rows;  // the rows that count: the padding is scored, never reduced
+      score_blocks_many_rows(bound, item.kmax, item.kmin, item.exponent, D, eligible, scores, s);
     });
   });
   for_each_select_row<TC>(prm, begin, end, [&](const SelectItem<TC>& item, int64_t i, int64_t own, int64_t p,
