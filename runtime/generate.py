@@ -38,6 +38,8 @@ from .model import CapacityError, KVCache
 
 PREFILL_CHUNK = 512
 PREFILL_MODES = ("exact", "sparse", "per-token")
+# A sparse prefill's last tokens, prefilled exactly (prefill_segments): one chunk of queries.
+SPARSE_PREFILL_EXACT_TAIL = 64
 ProgressCallback = Callable[[int, int], None]  # (prompt positions prefilled, of how many)
 
 
@@ -122,13 +124,25 @@ def check_progress(callback) -> ProgressCallback | None:
     return callback
 
 
+def prefill_segments(length: int, mode: str) -> list[tuple[int, str]]:
+    """How a prompt of `length` new tokens is prefilled: (end position, step mode) segments in order,
+    the step modes "exact", "sparse" (chunks select their blocks) or "per-token". A sparse prefill
+    reads its last SPARSE_PREFILL_EXACT_TAIL tokens exactly: the prompt's end, which a reply answers,
+    attends to every position (it costs a 64th of one 4K-position step per 4K of prompt)."""
+    if mode != "sparse":
+        return [(length, mode)]
+    return [(max(0, length - SPARSE_PREFILL_EXACT_TAIL), "sparse"), (length, "exact")]
+
+
 def prefill(model: StepModel, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK,
             mode: str = "exact", on_prefill: ProgressCallback | None = None) -> np.ndarray:
-    """Feed the prompts (right-padded into one batch) `chunk` positions per step into an empty cache;
-    returns the logits of each prompt's last token [B, V]. `mode`: "exact" (every prompt token
-    attends to every position before it), "sparse" (each chunk of prompt tokens to its own blocks,
-    a window and the blocks it selects) or "per-token" (each selects its blocks, as decode does).
-    `on_prefill(done, total)` is called after each step with the positions fed so far."""
+    """Feed the prompts into an empty cache, at most `chunk` positions per step; returns the logits of
+    each prompt's last token [B, V]. `mode`: "exact" (every prompt token attends to every position
+    before it), "sparse" (each chunk of prompt tokens to its own blocks, a window and the blocks it
+    selects; the prompt's last SPARSE_PREFILL_EXACT_TAIL tokens exactly: prefill_segments) or
+    "per-token" (each selects its blocks, as decode does). Rows advance together through each
+    segment (right-padded where shorter). `on_prefill(done, total)` is called after each step with
+    the positions of the longest prompt fed so far."""
     mode = check_prefill_mode(mode)
     model.check_prefill(mode)
     on_prefill = check_progress(on_prefill)
@@ -142,25 +156,37 @@ def prefill(model: StepModel, cache: KVCache, prompts: Sequence[Sequence[int]], 
                             f"{cache.capacity}; nothing was written")
     width = int(lengths.max())
     chunk = model.prefill_chunk(len(prompts), chunk)
-    ids = np.zeros((len(prompts), width), np.int64)
+    ids = np.zeros((len(prompts), width + min(chunk, width)), np.int64)  # room for a step's padding past a row's end
     for row, prompt in enumerate(prompts):
         ids[row, : len(prompt)] = prompt
+    schedules = [prefill_segments(int(length), mode) for length in lengths]
+    fed = np.zeros(len(prompts), np.int64)  # positions each row holds
     last = None
-    for start in range(0, width, chunk):
-        positions = min(chunk, width - start)
-        valid = np.clip(lengths - start, 0, chunk).astype(np.int32)
-        ending = np.flatnonzero((lengths > start) & (lengths <= start + chunk))  # rows whose prompt ends here
-        # only the positions from the earliest prompt end on need logits (the head runs for them alone)
-        kept = positions - int((lengths[ending] - start - 1).min()) if len(ending) else 1
-        logits = model.step(cache, ids[:, start : start + chunk], valid=valid, exact=mode == "exact",
-                            chunked=mode == "sparse", last_logits=kept)
-        if last is None:
-            last = np.zeros((len(prompts), logits.shape[-1]), np.float32)
-        for row in ending:
-            last[row] = logits[row, lengths[row] - start - 1 - (positions - kept)]
-        del logits  # before the next step makes its own
-        if on_prefill is not None:
-            on_prefill(start + positions, width)
+    for phase in range(len(schedules[0])):
+        # the rows' ends of this phase, and its step mode (every row's schedule has the same modes)
+        ends = np.array([schedule[phase][0] for schedule in schedules], np.int64)
+        step_mode = schedules[0][phase][1]
+        while (fed < ends).any():
+            # every row places the step's positions, padding included: none past the capacity
+            positions = int(min(chunk, (ends - fed).max(), (cache.capacity - fed).min()))
+            if positions < 1:
+                raise CapacityError(f"a full row leaves no room for the other rows' prompt steps (capacity "
+                                    f"{cache.capacity}); nothing more was written")
+            valid = np.clip(ends - fed, 0, positions).astype(np.int32)
+            step_ids = np.stack([ids[row, start : start + positions] for row, start in enumerate(fed)])
+            ending = np.flatnonzero((valid > 0) & (fed + valid == lengths))  # rows whose prompt ends here
+            # only the positions from the earliest prompt end on need logits (the head runs for them alone)
+            kept = positions - int((valid[ending] - 1).min()) if len(ending) else 1
+            logits = model.step(cache, step_ids, valid=valid, exact=step_mode == "exact",
+                                chunked=step_mode == "sparse", last_logits=kept)
+            if last is None:
+                last = np.zeros((len(prompts), logits.shape[-1]), np.float32)
+            for row in ending:
+                last[row] = logits[row, valid[row] - 1 - (positions - kept)]
+            del logits  # before the next step makes its own
+            fed += valid
+            if on_prefill is not None:
+                on_prefill(int(fed.max()), width)
     return last
 
 
