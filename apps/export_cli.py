@@ -97,6 +97,9 @@ def parser() -> argparse.ArgumentParser:
                          f"(default {_DEFAULT.chunk_share:g})")
     prefill.add_argument("--prefill-window", type=_setting("chunk_window"), default=_DEFAULT.chunk_window,
                          help=f"blocks before each chunk it always attends (default {_DEFAULT.chunk_window})")
+    prefill.add_argument("--prefill-sink", type=_setting("chunk_sink"), default=_DEFAULT.chunk_sink,
+                         help="leading blocks every chunk attends: cover a long system prompt (default "
+                         f"{_DEFAULT.chunk_sink})")
     prefill.add_argument("--prefill-chunk", type=_setting("chunk_size"), default=_DEFAULT.chunk_size,
                          help=f"prompt queries that share a selection (default {_DEFAULT.chunk_size})")
     prefill.add_argument("--prefill-top-k", type=_setting("chunk_top_k"), default=_DEFAULT.chunk_top_k,
@@ -156,7 +159,7 @@ def main(argv=None) -> int:
             dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, bounds_dtype=args.bounds_dtype,
             attention=args.attention, score=args.score, num_probes=args.num_probes, portable=args.portable,
             weights=args.weights, key_smoothing=not args.no_key_smoothing, chunk_share=args.prefill_share,
-            chunk_window=args.prefill_window, chunk_size=args.prefill_chunk, chunk_top_k=args.prefill_top_k,
+            chunk_window=args.prefill_window, chunk_sink=args.prefill_sink, chunk_size=args.prefill_chunk, chunk_top_k=args.prefill_top_k,
             chunk_pool=args.prefill_pool,
         )
     except ValueError as error:

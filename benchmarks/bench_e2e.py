@@ -254,13 +254,16 @@ def ratios(ms: dict[str, float]) -> dict[str, float]:
             for quest in ms if quest.startswith("quest")}
 
 
-def plot(rows, memory, path, title):
+def plot(rows, memory, path, title, ttft=()):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw=dict(width_ratios=(3, 2)))
+    panels = 3 if ttft else 2
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5),
+                             gridspec_kw=dict(width_ratios=(3, 2, 3)[:panels]))
+    time_ax, memory_ax = axes[:2]
     colors = {"quest-float16": "tab:green", "quest-int8": "tab:olive", "gqa-float16": "tab:red", "gqa-int8": "tab:orange"}
     for kind, color in colors.items():
         points = sorted((r["context"], r["ms_per_token"]) for r in rows if r["model"] == kind)
@@ -276,6 +279,22 @@ def plot(rows, memory, path, title):
     memory_ax.set_xticks(range(len(kinds)), [kind for kind in kinds], fontsize=8)
     memory_ax.set(ylabel="peak RSS (GiB): decoding; hatched: the last prompt step",
                   title=f"memory at {CONTEXTS[-1] // 1024}K tokens, one process each")
+    if ttft:
+        runs = [f"{kind} {mode}" for kind, mode in TTFT_RUNS]
+        run_colors = {"quest-int8 exact": "tab:olive", "quest-int8 sparse": "tab:green", "gqa-float16 exact": "tab:red",
+                      "gqa-int8 exact": "tab:orange"}
+        width = 0.8 / len(runs)
+        for index, run in enumerate(runs):
+            points = [(position, row[run]["seconds"]) for position, row in enumerate(ttft) if "seconds" in row.get(run, {})]
+            if points:
+                positions, seconds = zip(*points)
+                axes[2].bar([x + (index - len(runs) / 2 + 0.5) * width for x in positions], seconds, width,
+                            color=run_colors.get(run), label=run.replace("quest-int8", "Quest int8").replace(
+                                " exact", ", exact prefill").replace(" sparse", ", sparse prefill"))
+        axes[2].set_xticks(range(len(ttft)), [f"{row['tokens'] // 1024}K" for row in ttft])
+        axes[2].set(yscale="log", xlabel="prompt tokens", ylabel="seconds to the first token",
+                    title="time to first token, one process each")
+        axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -306,6 +325,9 @@ def main(argv=None):
         report["time_to_first_token"] = time_to_first_token(folders, args.ttft_tokens, args.threads)
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
+        if report.get("decode"):
+            plot(report["decode"], report.get("memory", {}), RESULTS / "e2e.png",
+                 f"Qwen3-0.6B geometry, {WEIGHTS} weights, {report.get('threads')} threads", report["time_to_first_token"])
         print(f"wrote {RESULTS / 'e2e.json'}")
         return
     models = {kind: open_model(kind, folder, args.threads) for kind, folder in folders.items()}
@@ -341,7 +363,7 @@ def main(argv=None):
     def save() -> None:  # after each part: a later failure loses nothing measured
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
-        plot(rows, report["memory"], RESULTS / "e2e.png", title)
+        plot(rows, report["memory"], RESULTS / "e2e.png", title, report.get("time_to_first_token", ()))
 
     save()
     report["memory"] = peak_memory(folders, CONTEXTS[-1], args.threads, args.steps)

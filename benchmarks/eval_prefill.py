@@ -186,7 +186,7 @@ def evaluate(name: str, plan: dict, args, started: float) -> dict:
                                                            bounds_dtype=model.sidecar.bounds_dtype,
                                                            **{f: getattr(settings, f) for f in
                                                               ("chunk_size", "chunk_top_k", "chunk_share",
-                                                               "chunk_window", "chunk_pool")}),
+                                                               "chunk_window", "chunk_sink", "chunk_pool")}),
                 policies={label: attributes for label, attributes in (args.policy or [])},
                 lengths=plan["lengths"], depths=list(DEPTHS), answer_tokens=ANSWER_TOKENS,
                 summary=summary(rows, ["exact", *sparse]),
@@ -206,7 +206,7 @@ def render(report: dict) -> str:
         lines += [f"**{result['model']}** (the default export: K={export['top_k']}, P={export['block_size']}, "
                   f"{export['kv_dtype']} caches, {export['bounds_dtype']} bounds; sparse prefill: chunks of "
                   f"{export['chunk_size']} queries, share {export['chunk_share']:g}, window {export['chunk_window']} "
-                  f"blocks, pool {export['chunk_pool']}, at most {export['chunk_top_k']} blocks; {result['threads'] or 'all'} "
+                  f"and sink {export['chunk_sink']} blocks, pool {export['chunk_pool']}, at most {export['chunk_top_k']} blocks; {result['threads'] or 'all'} "
                   "threads)", ""]
         for label, attributes in result.get("policies", {}).items():
             lines.append(f"- `{label}`: the same export prefilled with " + ", ".join(

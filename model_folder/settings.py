@@ -14,11 +14,11 @@ from ..ops.schemas import SPARSE_BLOCK_SELECT
 # The settings that become SparseBlockSelect attributes (same names): their ranges are the op schema's,
 # and an int attribute must fit in int32, so a bad value is refused here rather than by the checker.
 ATTRIBUTE_SETTINGS = ("top_k", "block_size", "sink_blocks", "recent_blocks", "importance_fraction", "num_probes",
-                      "chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "chunk_pool")
+                      "chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "chunk_sink", "chunk_pool")
 # The settings of a sparse prefill's chunk queries (docs/ops.md, chunk queries): SparseBlockSelect
 # attributes (chunk_size is SparseBlockAttention's too), written into a folder's sidecar only where
 # they differ from these defaults, which are the op schema's.
-CHUNK_SETTINGS = ("chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "chunk_pool")
+CHUNK_SETTINGS = ("chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "chunk_sink", "chunk_pool")
 # How the MatMul weights are stored: as the source has them ("float"), or quantized by the exporter
 # into com.microsoft.MatMulNBits nodes of these bits (export/quantize.py).
 WEIGHT_BITS = {"int8": 8, "int4": 4}
@@ -77,6 +77,7 @@ class SparseSettings:
     chunk_top_k: int = SPARSE_BLOCK_SELECT.attribute("chunk_top_k").default
     chunk_share: float = SPARSE_BLOCK_SELECT.attribute("chunk_share").default
     chunk_window: int = SPARSE_BLOCK_SELECT.attribute("chunk_window").default
+    chunk_sink: int = SPARSE_BLOCK_SELECT.attribute("chunk_sink").default
     chunk_pool: int = SPARSE_BLOCK_SELECT.attribute("chunk_pool").default
 
     def __post_init__(self):
@@ -84,11 +85,11 @@ class SparseSettings:
             problem = attribute_range_problem(name, getattr(self, name))
             if problem:
                 raise ValueError(f"{name} {problem}")
-        most = most_chunk_forced(self.chunk_size, self.block_size, self.chunk_window, self.sink_blocks)
+        most = most_chunk_forced(self.chunk_size, self.block_size, self.chunk_window, self.chunk_sink)
         if self.chunk_top_k < most:
             raise ValueError(f"chunk_top_k = {self.chunk_top_k} cannot hold a prefill chunk's forced blocks: up to "
-                             f"{most} (its own blocks, chunk_window = {self.chunk_window}, sink_blocks = "
-                             f"{self.sink_blocks})")
+                             f"{most} (its own blocks, chunk_window = {self.chunk_window}, chunk_sink = "
+                             f"{self.chunk_sink})")
         if self.weights not in WEIGHT_TYPES:
             raise ValueError(f"weights must be one of {list(WEIGHT_TYPES)}, got {self.weights!r}")
         if self.kv_dtype == "int8" and self.attention == "gqa":

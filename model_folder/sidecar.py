@@ -242,7 +242,7 @@ def _check_fields(data: dict, problem) -> None:
                 raise problem(field, f"must be one of {list(spec.choices)}, got {value!r}")
         elif (why := spec.range_problem(value)) is not None:
             raise problem(field, why)
-    most = most_chunk_forced(data["chunk_size"], data["block_size"], data["chunk_window"], data["sink_blocks"])
+    most = most_chunk_forced(data["chunk_size"], data["block_size"], data["chunk_window"], data["chunk_sink"])
     if data["chunk_top_k"] < most:
         raise problem("chunk_top_k", f"= {data['chunk_top_k']} cannot hold a prefill chunk's forced blocks: up to {most}")
     if data["num_heads"] % data["kv_num_heads"]:

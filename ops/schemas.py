@@ -270,11 +270,13 @@ SPARSE_BLOCK_SELECT = OpSpec(
         Attribute("chunk_top_k", "int", "most blocks a chunk's selection lists KC, its forced blocks included",
                   default=1024, minimum=1),
         Attribute("chunk_share", "float", "share of a chunk's candidate blocks it selects by score (at least "
-                  "top_k, at most what chunk_top_k leaves)", default=0.125, minimum=0.0, maximum=1.0),
+                  "top_k, at most what chunk_top_k leaves)", default=0.0625, minimum=0.0, maximum=1.0),
         Attribute("chunk_window", "int", "blocks before a chunk's first block that it always lists",
                   default=64, minimum=0),
+        Attribute("chunk_sink", "int", "leading blocks every chunk lists (a prompt's instructions; decode's are "
+                  "sink_blocks)", default=16, minimum=0),
         Attribute("chunk_pool", "int", "consecutive queries of a chunk averaged into one scoring row per head",
-                  default=1, minimum=1),
+                  default=16, minimum=1),
     ),
     symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size", "K": "top_k", "Q": "chunk_size",
                   "KC": "chunk_top_k"},

@@ -166,7 +166,7 @@ def _chunk_rows(op, query, members, num_heads, kv_num_heads, chunk_size, pool):
 
 
 def _chunk_select(op, query, block_max, block_min, block_exponent, past_lens, pos, valid, exact_lens, chunk_lens, *,
-                  num_heads, kv_num_heads, block_size, top_k, sink_blocks, chunk_size, chunk_top_k, chunk_share,
+                  num_heads, kv_num_heads, block_size, top_k, chunk_sink, chunk_size, chunk_top_k, chunk_share,
                   chunk_window, chunk_pool):
     """chunk_indices [B, N, NC, KC] int32 (docs/ops.md, chunk queries).
 
@@ -224,7 +224,7 @@ def _chunk_select(op, query, block_max, block_min, block_exponent, past_lens, po
     eligible = op.And(op.LessOrEqual(blocks, unsq(last_block)), unsq(has_members))  # [B, 1, NC, M]
     window_start = op.Max(op.Sub(first_block, const(op, chunk_window, np.int64)), const(op, 0, np.int64))
     forced = op.And(eligible, op.Or(op.GreaterOrEqual(blocks, unsq(window_start)),
-                                    op.Less(blocks, const(op, sink_blocks, np.int64))))
+                                    op.Less(blocks, const(op, chunk_sink, np.int64))))
     count = lambda x: op.ReduceSum(op.Cast(x, to=I64), ints(op, -1), keepdims=1)
     n_forced = count(forced)
     candidates_n = op.Sub(count(eligible), n_forced)
@@ -284,16 +284,17 @@ def sparse_block_select_body(
     num_probes: int = 8,
     chunk_size: int = 64,
     chunk_top_k: int = 1024,
-    chunk_share: float = 0.125,
+    chunk_share: float = 0.0625,
     chunk_window: int = 64,
-    chunk_pool: int = 1,
+    chunk_sink: int = 16,
+    chunk_pool: int = 16,
     with_chunks: bool = False,
 ):
     """block_indices, and with `with_chunks` (the node has output chunk_indices) chunk_indices too."""
     if int8_bounds("SparseBlockSelect", block_max, block_exponent) and score == "probe":
         raise ValueError("SparseBlockSelect: score='probe' needs float bounds (its 'key_cache' shares their type); "
                          "got int8 bounds ('block_exponent' given)")
-    most = most_chunk_forced(chunk_size, block_size, chunk_window, sink_blocks)
+    most = most_chunk_forced(chunk_size, block_size, chunk_window, chunk_sink)
     if chunk_top_k < most:
         raise ValueError(f"SparseBlockSelect: attribute 'chunk_top_k' = {chunk_top_k} cannot hold a chunk's forced "
                          f"blocks: up to {most}")
@@ -310,7 +311,7 @@ def sparse_block_select_body(
     chunks = _chunk_select(op, query, block_max, block_min, block_exponent, past_lens, pos, valid, exact_lens,
                            chunk_lens,
                            num_heads=num_heads, kv_num_heads=kv_num_heads, block_size=block_size, top_k=top_k,
-                           sink_blocks=sink_blocks, chunk_size=chunk_size, chunk_top_k=chunk_top_k,
+                           chunk_sink=chunk_sink, chunk_size=chunk_size, chunk_top_k=chunk_top_k,
                            chunk_share=chunk_share, chunk_window=chunk_window, chunk_pool=chunk_pool)
     return per_token, chunks
 

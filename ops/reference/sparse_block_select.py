@@ -120,12 +120,12 @@ def select_row(scores, importance, current, top_k, sink_blocks, recent_blocks, i
     return sorted(chosen)
 
 
-def chunk_forced_blocks(first: int, last: int, window: int, sink_blocks: int) -> list[int]:
+def chunk_forced_blocks(first: int, last: int, window: int, sinks: int) -> list[int]:
     """A chunk's forced blocks in priority order: its own blocks (newest first), the `window` blocks
     before them (newest first), then the sinks ascending."""
     order = list(range(last, first - 1, -1))
     order += [m for m in range(first - 1, first - 1 - window, -1) if m >= 0]
-    return order + [m for m in range(min(sink_blocks, last + 1)) if m not in order]
+    return order + [m for m in range(min(sinks, last + 1)) if m not in order]
 
 
 def chunk_budget(candidates: int, forced: int, top_k: int, chunk_top_k: int, chunk_share: float) -> int:
@@ -135,10 +135,10 @@ def chunk_budget(candidates: int, forced: int, top_k: int, chunk_top_k: int, chu
     return min(chunk_top_k - forced, max(top_k, wanted))
 
 
-def most_chunk_forced(chunk_size: int, block_size: int, window: int, sink_blocks: int) -> int:
+def most_chunk_forced(chunk_size: int, block_size: int, window: int, sinks: int) -> int:
     """The most forced blocks a chunk can have: the blocks chunk_size positions can touch (at most
     (Q + P - 2) // P + 1), the window and the sinks."""
-    return (chunk_size + block_size - 2) // block_size + 1 + window + sink_blocks
+    return (chunk_size + block_size - 2) // block_size + 1 + window + sinks
 
 
 def chunk_scoring_rows(query, b: int, n: int, members: range, chunk_first: int, kv_num_heads: int,
@@ -185,7 +185,7 @@ def chunk_scores(rows, block_max, block_min, block_exponent, b: int, n: int) -> 
 
 
 def chunk_select(query, block_max, block_min, block_exponent, past_lens, total, exact, chunk_lens, *, kv_num_heads,
-                 block_size, top_k, sink_blocks, chunk_size, chunk_top_k, chunk_share, chunk_window, chunk_pool):
+                 block_size, top_k, chunk_sink, chunk_size, chunk_top_k, chunk_share, chunk_window, chunk_pool):
     """chunk_indices [B, N, NC, KC]: per chunk of chunk_size queries of the call, the blocks its
     members (valid queries at positions in [exact_lens, chunk_lens)) attend, ascending, -1 padded."""
     B, _, S, _ = query.shape
@@ -201,7 +201,7 @@ def chunk_select(query, block_max, block_min, block_exponent, past_lens, total, 
             if len(members) == 0:
                 continue
             first, last = (past + members.start) // P, (past + members.stop - 1) // P
-            forced = chunk_forced_blocks(first, last, chunk_window, sink_blocks)
+            forced = chunk_forced_blocks(first, last, chunk_window, chunk_sink)
             eligible = last + 1
             keep = chunk_budget(eligible - len(forced), len(forced), top_k, chunk_top_k, chunk_share)
             for n in range(N):
@@ -216,12 +216,12 @@ def chunk_select(query, block_max, block_min, block_exponent, past_lens, total, 
     return out
 
 
-def check_chunk_attributes(chunk_size, chunk_top_k, block_size, chunk_window, sink_blocks):
+def check_chunk_attributes(chunk_size, chunk_top_k, block_size, chunk_window, chunk_sink):
     """chunk_top_k must hold the most forced blocks a chunk can have (its own, the window, the sinks)."""
-    most = most_chunk_forced(chunk_size, block_size, chunk_window, sink_blocks)
+    most = most_chunk_forced(chunk_size, block_size, chunk_window, chunk_sink)
     if chunk_top_k < most:
         raise ValueError(f"chunk_top_k = {chunk_top_k} cannot hold a chunk's forced blocks: up to {most} "
-                         f"(its own blocks, chunk_window = {chunk_window}, sink_blocks = {sink_blocks})")
+                         f"(its own blocks, chunk_window = {chunk_window}, chunk_sink = {chunk_sink})")
 
 
 def sparse_block_select(
@@ -249,9 +249,10 @@ def sparse_block_select(
     num_probes=8,
     chunk_size=64,
     chunk_top_k=1024,
-    chunk_share=0.125,
+    chunk_share=0.0625,
     chunk_window=64,
-    chunk_pool=1,
+    chunk_sink=16,
+    chunk_pool=16,
 ):
     """Return block_indices [B, R, S, top_k] int32, and with chunk_lens given also chunk_indices
     [B, N, ceil(S / chunk_size), chunk_top_k]: chosen blocks ascending, -1 padded; R = N, or H with
@@ -267,12 +268,12 @@ def sparse_block_select(
         raise ValueError(f"int8 bounds take head dims up to {int8_bounds.MOST_CHANNELS}, got {query.shape[-1]}")
     if block_exponent is not None and score == "probe":
         raise ValueError("score='probe' needs float bounds (its key_cache shares their type); got int8 bounds")
-    check_chunk_attributes(chunk_size, chunk_top_k, block_size, chunk_window, sink_blocks)
+    check_chunk_attributes(chunk_size, chunk_top_k, block_size, chunk_window, chunk_sink)
     total = resolve_total_lens(past_lens, total_lens, query.shape[2], M * block_size, "M * block_size")
     exact = resolve_exact_lens(exact_lens, total)
     chunked = resolve_exact_lens(chunk_lens, total, "chunk_lens")
     chunks = chunk_select(query, block_max, block_min, block_exponent, past_lens, total, exact, chunked,
-                          kv_num_heads=N, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
+                          kv_num_heads=N, block_size=block_size, top_k=top_k, chunk_sink=chunk_sink,
                           chunk_size=chunk_size, chunk_top_k=chunk_top_k, chunk_share=chunk_share,
                           chunk_window=chunk_window, chunk_pool=chunk_pool)
     # Chunk queries select nothing per token: to the per-token rule they attend exactly.

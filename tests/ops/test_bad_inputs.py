@@ -99,7 +99,7 @@ def _valid_chunks(op_name):
     chunk = dict(chunk_lens=inputs["past_lens"] + S)
     attributes = dict(attributes, chunk_size=2)
     if op_name == "SparseBlockSelect":
-        attributes.update(chunk_top_k=8, chunk_window=1)
+        attributes.update(chunk_top_k=8, chunk_window=1, chunk_sink=1)
         return {**inputs, **chunk}, attributes, ("block_indices", "chunk_indices")
     chunk["chunk_indices"] = np.array([0, 1, -1, -1, -1] * (2 * N), np.int32).reshape(2, N, 1, 5)
     return {**inputs, **chunk}, attributes, ("output", "key_cache_out", "value_cache_out")

@@ -239,7 +239,7 @@ def test_a_sparse_prefill_whose_chunks_list_every_block_is_the_exact_prefill_bit
     exact = QuestModel(folder, threads=1)
     every = QuestModel(folder, threads=1, model_file=_select_variant(folder, "chunks-every", chunk_share=1.0))
     few = QuestModel(folder, threads=1, model_file=_select_variant(folder, "chunks-few", chunk_share=0.0,
-                                                                    chunk_window=1))
+                                                                    chunk_window=1, chunk_sink=1))
     reference, reference_logits = greedy(exact, [prompt], 6, return_logits=True)
     for model, same in ((every, True), (few, False)):
         tokens, logits = greedy(model, [prompt], 6, return_logits=True, prefill_mode="sparse")

@@ -168,7 +168,7 @@ class Case:
         if self.chunk == "none":
             return {}
         return dict(chunk_size=self.chunk_size, chunk_top_k=self.chunk_top_k(), chunk_share=self.chunk_share,
-                    chunk_window=self.chunk_window, chunk_pool=self.chunk_pool)
+                    chunk_window=self.chunk_window, chunk_sink=self.sink, chunk_pool=self.chunk_pool)
 
     def chunks_rank(self) -> bool:
         """True when the last chunk has more candidate blocks than its budget: scores decide."""

@@ -82,16 +82,17 @@ QUEST_AICORE int64_t most_chunk_forced(int64_t chunk_size, int64_t block_size, i
 
 // Selects the blocks of a chunk of queries whose blocks are [first, last] (its first and last
 // member's), into `selection` (select_blocks' interface; importance is not used):
-//   forced: the chunk's own blocks, the chunk_window blocks before them, the sinks; then by score
+//   forced: the chunk's own blocks, the chunk_window blocks before them, the chunk_sink leading
+//   blocks; then by score
 //   ceil(chunk_share * candidates) of the other eligible blocks [0, last] (computed in double), at
 //   least top_k, at most chunk_top_k minus the forced; every eligible block when the candidates
-//   are no more than that. `rule` holds top_k, sink_blocks, chunk_top_k, chunk_share, chunk_window
+//   are no more than that. `rule` holds top_k, chunk_sink, chunk_top_k, chunk_share, chunk_window
 //   (SparseBlockSelectParams); chunk_top_k holds every forced block (most_chunk_forced).
 template <class Rule, class Selection>
 QUEST_AICORE void select_chunk_blocks(const Rule& rule, int64_t first, int64_t last, Selection& selection) {
   const int64_t eligible = last + 1;
   const int64_t window_start = first - rule.chunk_window > 0 ? first - rule.chunk_window : 0;
-  const int64_t sinks = rule.sink_blocks < window_start ? rule.sink_blocks : window_start;  // those not in the window
+  const int64_t sinks = rule.chunk_sink < window_start ? rule.chunk_sink : window_start;  // those not in the window
   const int64_t forced = eligible - window_start + sinks;
   const int64_t candidates = eligible - forced;
   const double wanted_exact = static_cast<double>(rule.chunk_share) * static_cast<double>(candidates);

@@ -34,7 +34,7 @@ struct SparseBlockSelectParams {
   // Chunk queries (sparse prefill): valid queries at positions in [exact_lens, chunk_lens) select one
   // list per chunk of chunk_size queries of the call and KV head, into chunk_indices.
   const int32_t* chunk_lens = nullptr;  // [B] validated, or null: no chunk queries
-  int64_t chunk_size = 64, chunk_top_k = 0, chunk_window = 0, chunk_pool = 1;
+  int64_t chunk_size = 64, chunk_top_k = 0, chunk_window = 0, chunk_sink = 0, chunk_pool = 1;
   float chunk_share = 0.0f;
   int32_t* chunk_indices = nullptr;  // [B, N, ceil(S / chunk_size), chunk_top_k] output, or null
 };

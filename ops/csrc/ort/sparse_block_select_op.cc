@@ -13,12 +13,12 @@ namespace io = schema::SparseBlockSelect;
 
 void check_chunk_budget(const schema::OpSchema& op, const Attributes& attributes) {
   const int64_t most = most_chunk_forced(attributes.get_int("chunk_size"), attributes.get_int("block_size"),
-                                         attributes.get_int("chunk_window"), attributes.get_int("sink_blocks"));
+                                         attributes.get_int("chunk_window"), attributes.get_int("chunk_sink"));
   if (attributes.get_int("chunk_top_k") < most)
     throw OpError(op, "attribute 'chunk_top_k' = " + std::to_string(attributes.get_int("chunk_top_k")) +
                           " cannot hold a chunk's forced blocks: up to " + std::to_string(most) +
                           " (its own blocks, chunk_window = " + std::to_string(attributes.get_int("chunk_window")) +
-                          ", sink_blocks = " + std::to_string(attributes.get_int("sink_blocks")) + ")");
+                          ", chunk_sink = " + std::to_string(attributes.get_int("chunk_sink")) + ")");
 }
 
 SparseBlockSelectKernel::SparseBlockSelectKernel(const OrtKernelInfo* info)
@@ -93,6 +93,7 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
   params.chunk_top_k = in.dim("KC");
   params.chunk_share = attributes_.get_float("chunk_share");
   params.chunk_window = attributes_.get_int("chunk_window");
+  params.chunk_sink = attributes_.get_int("chunk_sink");
   params.chunk_pool = attributes_.get_int("chunk_pool");
   const SparseBlockSelectFn kernel = active_kernels().sparse_block_select;
   parallel_for(context, B * N, [&](int64_t item) { kernel(params, item, item + 1); });
