@@ -58,14 +58,23 @@ def export_default(name: str, capacity: int, reuse: bool) -> pathlib.Path:
     from quest_ort.export.rewrite import SparseSettings
     from quest_ort.export.weights import CHECKPOINTS, checkpoint
     from quest_ort.model_folder.settings import CHUNK_SETTINGS
-    from quest_ort.model_folder.sidecar import Sidecar
+    import onnx
+
+    from quest_ort.model_folder.folder_check import check_sidecar_against_graph
+    from quest_ort.model_folder.sidecar import SIDECAR_NAME, ModelFolderError, Sidecar
 
     settings = SparseSettings(top_k=32)
     folder = WORK / name
     if reuse and (folder / "quest_model.json").is_file():
-        sidecar = Sidecar.read(folder)
-        same = all(getattr(sidecar.settings, field) == getattr(settings, field) for field in CHUNK_SETTINGS)
-        if sidecar.capacity >= capacity and same and sidecar.prefill_problem("sparse") is None:
+        try:  # the sidecar as this code reads it, and the graph it describes (the defaults may have moved)
+            sidecar = Sidecar.read(folder)
+            graph = onnx.load(str(folder / sidecar.model_file), load_external_data=False)
+            check_sidecar_against_graph(sidecar, graph, folder / SIDECAR_NAME, folder / sidecar.model_file)
+        except ModelFolderError:
+            sidecar = None
+        same = sidecar is not None and all(getattr(sidecar.settings, field) == getattr(settings, field)
+                                           for field in CHUNK_SETTINGS)
+        if same and sidecar.capacity >= capacity and sidecar.prefill_problem("sparse") is None:
             return folder
     export_sparse(CHECKPOINTS[name].family, output=folder, settings=settings, model=str(checkpoint(name, WEIGHTS)),
                   capacity=capacity, overwrite=True, log=lambda *args, **kwargs: None)
