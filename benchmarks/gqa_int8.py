@@ -88,12 +88,13 @@ class Int8CacheGqa:
         names = [LayerCaches(io.past_key, io.past_value) for io in self.sidecar.layers]
         return KVCache.of(capacity, np.zeros(batch, np.int32), layers, names)
 
-    def step(self, cache: KVCache, input_ids: np.ndarray, *, exact: bool = True, chunked: bool = False,
-             last_logits: int | None = None) -> np.ndarray:
+    def step(self, cache: KVCache, input_ids: np.ndarray, valid: np.ndarray | None = None, *, exact: bool = True,
+             chunked: bool = False, last_logits: int | None = None) -> np.ndarray:
         """As QuestModel.step (GroupQueryAttention always attends exactly: `exact` and `chunked` are
-        accepted for the common interface; `last_logits`: the step's last positions only)."""
+        accepted for the common interface; `valid`: each row's real tokens, default all;
+        `last_logits`: the step's last positions only)."""
         names = self.sidecar.inputs
-        total = cache.lengths + input_ids.shape[1]
+        total = cache.lengths + (input_ids.shape[1] if valid is None else np.asarray(valid, np.int32))
         feeds = {names["input_ids"]: input_ids.astype(np.int64), names["past_lens"]: cache.lengths.copy(),
                  names["total_lens"]: total.astype(np.int32), **cache.values}
         if "logits_keep" in names:

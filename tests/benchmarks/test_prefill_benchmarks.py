@@ -71,3 +71,12 @@ def test_time_to_first_token_runs_each_prefill_in_a_process_of_its_own(tmp_path)
     runs = {mode: bench_e2e.prefill_run(folder, 300, threads=1, mode=mode) for mode in ("exact", "sparse")}
     for run in runs.values():
         assert run["seconds"] > 0 and run["peak_rss_gb"] > 0, run
+
+
+def test_the_int8_cache_baseline_prefills_through_the_runtime_in_a_process_of_its_own(tmp_path):
+    folder = tmp_path / "gqa"
+    export_sparse("llama", output=folder, settings=SparseSettings(top_k=2, block_size=16, dense_layers=(0,),
+                                                                  kv_dtype="float16", attention="gqa"),
+                  model=str(tiny_model("llama").checkpoint), capacity=512, log=lambda *a, **k: None)
+    run = bench_e2e.prefill_run(folder, 300, threads=1, kind="gqa-int8")
+    assert run.get("seconds", 0) > 0, run
