@@ -215,8 +215,8 @@ def render(report: dict) -> str:
         lines += [f"**{result['model']}** (the default export: K={export['top_k']}, P={export['block_size']}, "
                   f"{export['kv_dtype']} caches, {export['bounds_dtype']} bounds; sparse prefill: chunks of "
                   f"{export['chunk_size']} queries, share {export['chunk_share']:g}, window {export['chunk_window']} "
-                  f"and sink {export['chunk_sink']} blocks, pool {export['chunk_pool']}, at most {export['chunk_top_k']} blocks; {result['threads'] or 'all'} "
-                  "threads)", ""]
+                  f"and sink {export['chunk_sink']} blocks, pool {export['chunk_pool']}, at most "
+                  f"{export['chunk_top_k']} blocks; {result['threads'] or 'all'} threads)", ""]
         for label, attributes in result.get("policies", {}).items():
             lines.append(f"- `{label}`: the same export prefilled with " + ", ".join(
                 f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in attributes.items()))
@@ -270,7 +270,8 @@ def main(argv=None):
     parser.add_argument("--lengths", type=lambda text: [int(t) for t in text.split(",")],
                         help="prompt lengths (default per model), comma-separated")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="one 2K prompt per depth, a 2K text (build/eval/prefill-quick.json)")
+    parser.add_argument("--quick", action="store_true",
+                        help="one 2K prompt per depth, a 2K text (build/eval/prefill-quick.json)")
     parser.add_argument("--reuse-exports", action="store_true", help="reuse the exports of an earlier run")
     parser.add_argument("--text-tokens", type=int, help="tokens of the perplexity text (default per model)")
     parser.add_argument("--output", type=pathlib.Path, default=None)

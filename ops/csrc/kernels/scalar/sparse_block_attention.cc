@@ -2,8 +2,8 @@
 //
 // Each query walks its spans in order, one online-softmax step per span: its selected blocks, or
 // (when it attends exactly) tiles of kExactTile positions, or (a chunk query) its positions inside
-// its chunk's blocks, kExactTile at a time. The scratch per query is O(span + D) whatever the context: prefill
-// never builds an S x C matrix.
+// its chunk's blocks, kExactTile at a time. The scratch per query is O(span + D) whatever the
+// context: prefill never builds an S x C matrix.
 #include <algorithm>
 #include <type_traits>
 #include <vector>
@@ -138,7 +138,8 @@ void attend(const SparseBlockAttentionParams& prm, int64_t begin, int64_t end) {
         std::fill(heads[g].accumulator, heads[g].accumulator + D, 0.0f);
       }
       if (i < exact) {  // every position up to p, tile by tile
-        for (int64_t first = 0; first <= p; first += kExactTile) attend_range(cache, first, std::min(first + kExactTile, p + 1));
+        for (int64_t first = 0; first <= p; first += kExactTile)
+          attend_range(cache, first, std::min(first + kExactTile, p + 1));
       } else if (i < chunked) {  // the positions up to p inside the chunk's blocks, kExactTile at a time
         mark_listed(chunk_list(prm, item, i / prm.chunk_size), prm.chunk_top_k, prm.num_blocks, listed.data());
         chunk_positions.resize(p + 1);
