@@ -266,3 +266,16 @@ def test_a_prefill_reports_its_progress_after_each_step():
     steps = []
     tokens = generator.generate(prompts, Sampling(max_new_tokens=2), on_prefill=lambda d, t: steps.append((d, t)))
     assert steps == [(135, 199), (199, 199)] and [len(row) for row in tokens] == [2, 2]
+
+
+def test_a_sparse_prefill_of_rows_of_different_lengths_is_each_rows_own():
+    """Rows advance together through each segment of a sparse prefill (their chunks, then their last 64
+    tokens exactly), a step never placing padding past the capacity: each row's logits are its own
+    prefill's alone, bit for bit, even in a cache just long enough for the longest prompt."""
+    model = QuestModel(quest_export("qwen3", top_k=2), threads=1)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 256, n).tolist() for n in (300, 290, 40)]
+    together = prefill(model, model.new_cache(3, 300), prompts, chunk=128, mode="sparse")
+    for row, prompt in enumerate(prompts):
+        alone = prefill(model, model.new_cache(1, 300), [prompt], chunk=128, mode="sparse")
+        assert np.array_equal(together[row], alone[0]), row
