@@ -60,8 +60,8 @@ def _attribute(fdp, attribute):
             return fdp.ConsumeProbability()
         return float(fdp.PickValueInList([0.0, -0.0, 1.0, 1.5, -1.0, float("nan"), float("inf"), 1e-30, 1e30]))
     value = _int(fdp) if fdp.ConsumeProbability() < 0.9 else fdp.ConsumeIntInRange(-(2**40), 2**40)
-    if attribute.name == "top_k":
-        value = min(value, 4096)  # top_k sizes the output: the contract allows any, memory does not
+    if attribute.name in ("top_k", "chunk_top_k"):
+        value = min(value, 4096)  # it sizes an output: the contract allows any, memory does not
     return value
 
 
@@ -71,7 +71,7 @@ def _plausible_ints(fdp, name: str, shape, dims: dict, earlier: dict) -> np.ndar
     new_tokens = dims.get("S", 1)
     blocks = dims.get("M") or -(-dims.get("C", 1) // max(dims.get("P", 1), 1))
     limit = min(dims.get("C", 2**31 - 1), blocks * dims.get("P", 1))
-    if name == "block_indices":
+    if name in ("block_indices", "chunk_indices"):
         if 0 in shape:  # empty, however long its other dims (an arange of 2^31 would not be)
             return np.zeros(shape, np.int64)
         row = np.arange(shape[-1] if shape else 1, dtype=np.int64) + fdp.ConsumeIntInRange(-1, 1)
@@ -81,8 +81,8 @@ def _plausible_ints(fdp, name: str, shape, dims: dict, earlier: dict) -> np.ndar
     if name == "total_lens" and "past_lens" in earlier and earlier["past_lens"].shape == tuple(shape):
         return earlier["past_lens"].astype(np.int64) + np.array([fdp.ConsumeIntInRange(0, new_tokens) for _ in range(size)],
                                                                  np.int64).reshape(shape)
-    if name == "exact_lens" and "past_lens" in earlier and earlier["past_lens"].shape == tuple(shape):
-        # from before the call to its end: all, some or none of its queries attend exactly
+    if name in ("exact_lens", "chunk_lens") and "past_lens" in earlier and earlier["past_lens"].shape == tuple(shape):
+        # from before the call to its end: all, some or none of its queries attend exactly (or per chunk)
         return earlier["past_lens"].astype(np.int64) + np.array(
             [fdp.ConsumeIntInRange(-1, new_tokens) for _ in range(size)], np.int64).reshape(shape)
     values = [fdp.ConsumeIntInRange(0, max(0, limit - new_tokens)) for _ in range(min(size, 64))]
