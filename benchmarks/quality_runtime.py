@@ -266,6 +266,8 @@ def analysis_step(model, cache: KVCache, tokens: np.ndarray) -> list[tuple[np.nd
     names = model.sidecar.inputs
     feeds = {names["input_ids"]: np.asarray(tokens, np.int64)[:, None], names["past_lens"]: cache.lengths.copy(),
              names["total_lens"]: cache.lengths + 1, names["exact_lens"]: cache.lengths.copy(), **cache.values}
+    if "chunk_lens" in names:
+        feeds[names["chunk_lens"]] = cache.lengths.copy()  # no chunk queries: a decode step
     if "logits_keep" in names:
         feeds[names["logits_keep"]] = np.array([0], np.int64)  # every position: the step's one
     outputs = model._step.run(feeds)  # the variant's extra outputs come back with the logits

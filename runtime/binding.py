@@ -31,6 +31,7 @@ class InPlaceStep:
     def __init__(self, session: ort.InferenceSession, aliases: Mapping[str, str]):
         self.session = session
         self.outputs = [o.name for o in session.get_outputs()]
+        self.inputs = [i.name for i in session.get_inputs()]
         self.aliases = {out: inp for out, inp in aliases.items() if out in self.outputs}
 
     def bind(self, feeds: Mapping[str, np.ndarray | ort.OrtValue],
@@ -39,6 +40,10 @@ class InPlaceStep:
         outputs to arrays of their exact shape and type that the run writes (no copy afterwards; a
         binding run again writes and returns the same arrays)."""
         into = into or {}
+        # An input left unbound reaches the ops as no tensor at all: name it here instead.
+        missing = [name for name in self.inputs if name not in feeds]
+        if missing:
+            raise ValueError(f"graph inputs not fed: {', '.join(missing)}")
         for name, array in into.items():
             # ONNX Runtime would write a contiguous copy of any other array, leaving it unwritten.
             if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
