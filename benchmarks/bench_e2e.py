@@ -216,9 +216,10 @@ def prefill_pairs(folders: dict, models: dict, lengths, threads: int) -> list[di
     return rows
 
 
-def time_to_first_token(folders: dict, lengths, threads: int) -> list[dict]:
+def time_to_first_token(folders: dict, lengths, threads: int, on_row=None) -> list[dict]:
     """Per prompt length, each of TTFT_RUNS in its own process (prefill_run): seconds to the first
-    token and peak RSS; with the sparse prefill's speed-up over the exact one and over each baseline."""
+    token and peak RSS; with the sparse prefill's speed-up over the exact one and over each baseline.
+    `on_row(rows)` after each length (a run of an hour keeps what it measured if stopped)."""
     rows = []
     for tokens in lengths:
         row = dict(tokens=tokens)
@@ -230,6 +231,8 @@ def time_to_first_token(folders: dict, lengths, threads: int) -> list[dict]:
                                       if isinstance(run, dict) and "seconds" in run and label != "quest-int8 sparse"
                                       and sparse}
         rows.append(row)
+        if on_row:
+            on_row(rows)
     return rows
 
 
@@ -322,9 +325,13 @@ def main(argv=None):
     folders = ensure_models()
     if args.only_ttft:
         report = json.loads((RESULTS / "e2e.json").read_text()) if (RESULTS / "e2e.json").is_file() else {}
-        report["time_to_first_token"] = time_to_first_token(folders, args.ttft_tokens, args.threads)
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
+
+        def save(rows):
+            report["time_to_first_token"] = rows
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
+
+        time_to_first_token(folders, args.ttft_tokens, args.threads, on_row=save)
         if report.get("decode"):
             plot(report["decode"], report.get("memory", {}), RESULTS / "e2e.png",
                  f"Qwen3-0.6B geometry, {WEIGHTS} weights, {report.get('threads')} threads", report["time_to_first_token"])
