@@ -6,8 +6,9 @@ block size P; every policy (P, group reduction, forced sink and recent blocks) a
 variant of its P's graph with other SparseBlockSelect attributes, sharing that export's weights.
 
 Pass key. Every prompt goes through the user's path, `Generator(model).generate([prompt], 12 tokens)`:
-the default export with exact prefill (the default) and with `prefill="sparse"`, the old default
-(P=32, mean, K=32) with sparse prefill, and the dense reference (the default graph with a budget
+the default export with exact prefill (the default) and with `prefill="per-token"` (every prompt
+token selects its blocks as a decode step does), the old default (P=32, mean, K=32) with per-token
+prefill, and the dense reference (the default graph with a budget
 covering every block: exactly dense by contract). The exact prefill is the same for every policy, so
 the other policies decode from the default Generator's own prefilled keys and values: a cache per P
 shares them, holds its block bounds recomputed from the keys (checked bit for bit against the bounds
@@ -229,9 +230,9 @@ def run_pass_key(suite: Suite, configs: list[qr.Config], prompts: list[Prompt], 
     sampling = Sampling(max_new_tokens=ANSWER_TOKENS)
     default = suite.default_config
     generators = {"default": Generator(suite.default), "dense": Generator(suite.dense),
-                  "default-sparse": Generator(suite.default, prefill="sparse")}
+                  "default-per-token": Generator(suite.default, prefill="per-token")}
     if default != OLD_DEFAULT:
-        generators["old-default-sparse"] = Generator(suite.variant(OLD_DEFAULT), prefill="sparse")
+        generators["old-default-per-token"] = Generator(suite.variant(OLD_DEFAULT), prefill="per-token")
     by_block = {}
     for config in configs:
         by_block.setdefault(config.policy.block_size, []).append(config)
@@ -254,9 +255,10 @@ def run_pass_key(suite: Suite, configs: list[qr.Config], prompts: list[Prompt], 
             qr.copy_prompt_state(cache, source, row, len(prompt.ids))
             user.append(answers)
             rows.append(_row(prompt, None, "exact", answers["dense"], tokenizer, source="Generator"))
-            rows.append(_row(prompt, default, "sparse", answers["default-sparse"], tokenizer, source="Generator"))
-            if "old-default-sparse" in answers:
-                rows.append(_row(prompt, OLD_DEFAULT, "sparse", answers["old-default-sparse"], tokenizer,
+            rows.append(_row(prompt, default, "per-token", answers["default-per-token"], tokenizer,
+                             source="Generator"))
+            if "old-default-per-token" in answers:
+                rows.append(_row(prompt, OLD_DEFAULT, "per-token", answers["old-default-per-token"], tokenizer,
                                  source="Generator"))
         generated = time.time()
         clock.phase("pass key: Generator runs", generated - begin)

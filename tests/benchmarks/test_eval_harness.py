@@ -131,7 +131,7 @@ def test_pass_key_run_checks_the_default_against_generator(suite, monkeypatch):
                                              clock=eval_quality.Clock())
     assert checks["generator_agrees"] == checks["prompts"] == 2
     assert len([r for r in rows if r["prefill"] == "exact" and r["config"] != "dense"]) == 2 * len(CONFIGS)
-    assert {r["config"] for r in rows if r["prefill"] == "sparse"} == {suite.default_config.name,
+    assert {r["config"] for r in rows if r["prefill"] == "per-token"} == {suite.default_config.name,
                                                                         eval_quality.OLD_DEFAULT.name}
     assert all(0 < r["recall"] <= 1 + 1e-6 and r["reads"] >= 1 - 1e-6 for r in rows if r.get("recall") is not None)
     steps = qr.greedy_steps
