@@ -216,17 +216,17 @@ def prefill_pairs(folders: dict, models: dict, lengths, threads: int) -> list[di
     return rows
 
 
-def time_to_first_token(folders: dict, lengths, threads: int, on_row=None) -> list[dict]:
-    """Per prompt length, each of TTFT_RUNS in its own process (prefill_run): seconds to the first
+def time_to_first_token(folders: dict, lengths, threads: int, on_row=None, runs=TTFT_RUNS) -> list[dict]:
+    """Per prompt length, each of `runs` in its own process (prefill_run): seconds to the first
     token and peak RSS; with the sparse prefill's speed-up over the exact one and over each baseline.
     `on_row(rows)` after each length (a run of an hour keeps what it measured if stopped)."""
     rows = []
     for tokens in lengths:
         row = dict(tokens=tokens)
-        for kind, mode in TTFT_RUNS:
+        for kind, mode in runs:
             row[f"{kind} {mode}"] = prefill_run(folders[kind], tokens, threads, mode, kind)
             print(f"time to first token, {tokens:5d} tokens: {kind} {mode}: {row[f'{kind} {mode}']}", flush=True)
-        sparse = row["quest-int8 sparse"].get("seconds")
+        sparse = row.get("quest-int8 sparse", {}).get("seconds")
         row["sparse_times_faster"] = {label: round(run["seconds"] / sparse, 2) for label, run in row.items()
                                       if isinstance(run, dict) and "seconds" in run and label != "quest-int8 sparse"
                                       and sparse}
@@ -302,6 +302,16 @@ def plot(rows, memory, path, title, ttft=()):
     fig.savefig(path, dpi=110)
 
 
+def ttft_runs(text: str) -> tuple[tuple[str, str], ...]:
+    """--ttft-runs: 'quest-int8 exact,gqa-float16 exact' -> the TTFT_RUNS named, refusing others."""
+    runs = tuple(tuple(label.split()) for label in text.split(",") if label.strip())
+    unknown = [" ".join(run) for run in runs if run not in TTFT_RUNS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown runs {unknown}; known: "
+                                         + ", ".join(f"{kind} {mode}" for kind, mode in TTFT_RUNS))
+    return runs
+
+
 def label_of(kind: str) -> str:
     return LABELS.get(kind) or f"Quest K=32, {KINDS[kind][1]} cache"
 
@@ -314,6 +324,9 @@ def main(argv=None):
                         default=PREFILL_TOKENS, help="prompt lengths of the prefill runs, comma-separated ('' for none)")
     parser.add_argument("--ttft-tokens", type=lambda text: tuple(int(t) for t in text.split(",") if t),
                         default=TTFT_TOKENS, help="prompt lengths of the time-to-first-token runs ('' for none)")
+    parser.add_argument("--ttft-runs", type=ttft_runs, default=TTFT_RUNS,
+                        help="which time-to-first-token runs, comma-separated (default: all of "
+                        + ", ".join(f"'{kind} {mode}'" for kind, mode in TTFT_RUNS) + ")")
     parser.add_argument("--only-ttft", action="store_true",
                         help="only the time-to-first-token runs, kept with the other parts of results/e2e.json")
     args = parser.parse_args(argv)
@@ -331,7 +344,7 @@ def main(argv=None):
             RESULTS.mkdir(parents=True, exist_ok=True)
             (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
 
-        time_to_first_token(folders, args.ttft_tokens, args.threads, on_row=save)
+        time_to_first_token(folders, args.ttft_tokens, args.threads, on_row=save, runs=args.ttft_runs)
         if report.get("decode"):
             plot(report["decode"], report.get("memory", {}), RESULTS / "e2e.png",
                  f"Qwen3-0.6B geometry, {WEIGHTS} weights, {report.get('threads')} threads", report["time_to_first_token"])
@@ -381,7 +394,7 @@ def main(argv=None):
     report["prefill"] = prefill_pairs(folders, float16, args.prefill_tokens, args.threads)
     save()
     del models, float16  # (each run of time_to_first_token opens its model in a process of its own)
-    report["time_to_first_token"] = time_to_first_token(folders, args.ttft_tokens, args.threads)
+    report["time_to_first_token"] = time_to_first_token(folders, args.ttft_tokens, args.threads, runs=args.ttft_runs)
     save()
     print(f"wrote {RESULTS / 'e2e.json'} and e2e.png")
 

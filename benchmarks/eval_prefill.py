@@ -216,7 +216,7 @@ def render(report: dict) -> str:
                   f"{export['kv_dtype']} caches, {export['bounds_dtype']} bounds; sparse prefill: chunks of "
                   f"{export['chunk_size']} queries, share {export['chunk_share']:g}, window {export['chunk_window']} "
                   f"and sink {export['chunk_sink']} blocks, pool {export['chunk_pool']}, at most "
-                  f"{export['chunk_top_k']} blocks; {result['threads'] or 'all'} threads)", ""]
+                  f"{export['chunk_top_k']} blocks; {threads_text(result['threads'])})", ""]
         for label, attributes in result.get("policies", {}).items():
             lines.append(f"- `{label}`: the same export prefilled with " + ", ".join(
                 f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in attributes.items()))
@@ -241,6 +241,10 @@ def render(report: dict) -> str:
         lines.append("")
     lines.append(END)
     return "\n".join(lines)
+
+
+def threads_text(threads: int | None) -> str:
+    return "all threads" if not threads else f"{threads} thread" + ("s" if threads > 1 else "")
 
 
 def write_markdown(report: dict, path: pathlib.Path) -> None:

@@ -47,6 +47,13 @@ def test_a_policy_is_parsed_into_chunk_attributes():
         "s16", dict(chunk_share=0.0625, chunk_window=32, chunk_pool=4))
 
 
+def test_time_to_first_token_runs_are_chosen_by_name_and_unknown_ones_refused():
+    assert bench_e2e.ttft_runs("quest-int8 sparse, gqa-float16 exact") == (("quest-int8", "sparse"),
+                                                                           ("gqa-float16", "exact"))
+    with pytest.raises(Exception, match="unknown runs.*quest-int8 fast"):
+        bench_e2e.ttft_runs("quest-int8 fast")
+
+
 def test_llama_cpp_and_this_package_are_compared_per_kind_and_depth():
     rows = [dict(system="llama.cpp", cache="f16", depth=16384, kind="prompt", seconds=12.0),
             dict(system="llama.cpp", cache="q8_0", depth=16384, kind="prompt", seconds=40.0),
