@@ -249,8 +249,10 @@ def plot(report: dict, path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, kind, unit in ((axes[0], "prompt", "s per 512-token prompt step"), (axes[1], "decode", "ms per token")):
+    panels = [(kind, unit) for kind, unit in (("prompt", "s per 512-token prompt step"), ("decode", "ms per token"))
+              if any(key.startswith(kind) for key in report["summary"])]  # a partial run: its kinds only
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (kind, unit) in zip(axes[0], panels):
         series = {}
         for key, entry in report["summary"].items():
             if not key.startswith(kind):
