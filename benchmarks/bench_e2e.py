@@ -174,7 +174,7 @@ def prefill_run(folder: pathlib.Path, tokens: int, threads: int, mode: str = "ex
     if run.returncode != 0:
         return {"error": run.stderr.strip().splitlines()[-1:]}
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    return dict(result, seconds=round(result["seconds"], 2))
+    return dict(result, seconds=float(f"{result['seconds']:.4g}"))  # 4 significant digits: a tiny run is not 0
 
 
 def prefill_side_by_side(models: dict, tokens: int) -> dict[str, float]:
