@@ -129,6 +129,15 @@ def test_an_array_onnx_runtime_would_not_write_into_is_refused(kind):
         _attention_session().run(feeds, into={"output": REFUSED_OUTPUT_ARRAYS[kind]((B, 1, H * D))})
 
 
+def test_a_graph_input_left_unfed_is_named_before_the_run():
+    # ONNX Runtime would hand the op "no tensor" for it (an optional input too), failing inside the op.
+    rng = np.random.default_rng(5)
+    feeds = _decode_feeds(rng, [3, 4], _caches(rng))
+    del feeds["past_lens"]
+    with pytest.raises(ValueError, match="graph inputs not fed: past_lens"):
+        _attention_session().bind(feeds)
+
+
 @pytest.mark.parametrize("cache", CACHE_KINDS)
 def test_failed_step_leaves_bound_caches_untouched(cache):
     rng = np.random.default_rng(2)
