@@ -159,8 +159,8 @@ def main(argv=None) -> int:
             dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, bounds_dtype=args.bounds_dtype,
             attention=args.attention, score=args.score, num_probes=args.num_probes, portable=args.portable,
             weights=args.weights, key_smoothing=not args.no_key_smoothing, chunk_share=args.prefill_share,
-            chunk_window=args.prefill_window, chunk_sink=args.prefill_sink, chunk_size=args.prefill_chunk, chunk_top_k=args.prefill_top_k,
-            chunk_pool=args.prefill_pool,
+            chunk_window=args.prefill_window, chunk_sink=args.prefill_sink, chunk_size=args.prefill_chunk,
+            chunk_top_k=args.prefill_top_k, chunk_pool=args.prefill_pool,
         )
     except ValueError as error:
         print(f"export-sparse: error: {error}", file=sys.stderr)

@@ -175,6 +175,7 @@ def evaluate(name: str, plan: dict, args, started: float) -> dict:
     import transformers
 
     from quest_ort.export.weights import CHECKPOINTS
+    from quest_ort.model_folder.settings import CHUNK_SETTINGS
     from quest_ort.runtime.model import QuestModel
 
     capacity = max(max(plan["lengths"]), plan["text_tokens"]) + 256
@@ -193,9 +194,7 @@ def evaluate(name: str, plan: dict, args, started: float) -> dict:
                                                            group_reduce=settings.group_reduce,
                                                            kv_dtype=settings.kv_dtype,
                                                            bounds_dtype=model.sidecar.bounds_dtype,
-                                                           **{f: getattr(settings, f) for f in
-                                                              ("chunk_size", "chunk_top_k", "chunk_share",
-                                                               "chunk_window", "chunk_sink", "chunk_pool")}),
+                                                           **{f: getattr(settings, f) for f in CHUNK_SETTINGS}),
                 policies={label: attributes for label, attributes in (args.policy or [])},
                 lengths=plan["lengths"], depths=list(DEPTHS), answer_tokens=ANSWER_TOKENS,
                 summary=summary(rows, ["exact", *sparse]),
