@@ -144,7 +144,9 @@ def quantize_rows(op, x):
     wide_scale = op.Cast(scale, to=F32)
     stored = op.And(row_finite, op.Equal(op.Sub(wide_scale, wide_scale), zero))  # past 127 * 65504 it is inf
     usable = op.And(stored, op.Not(op.Equal(wide_scale, zero)))
-    reciprocal = op.Div(one, op.Where(usable, wide_scale, one))  # one division per row, as the contract
+    # One division per row, as the contract. Reciprocal, not Div(1, .): ONNX Runtime's DivMulFusion
+    # rewrites Div(1, s) feeding a Mul into Div(x, s), whose rounding differs (56.4999 for 56.500004).
+    reciprocal = op.Reciprocal(op.Where(usable, wide_scale, one))
     rounded = op.Round(op.Mul(wide, reciprocal))
     q = op.Where(usable, op.Clip(rounded, const(op, -127.0, np.float32), const(op, 127.0, np.float32)), zero)
     return op.Cast(q, to=I8), op.Where(stored, scale, const(op, NAN_SCALE, np.float16))
