@@ -26,7 +26,7 @@ def int8_rows(width: int = 8) -> np.ndarray:
     """float32 rows [R, width] at the int8 cache format's edges (docs/ops.md, int8 caches): a zero
     row; rows whose scale amax / 127 rounds to 0, to a float16 subnormal, or exactly halfway
     between two float16 values (to even: 1 + 2^-11 -> 1, 1 + 3 * 2^-11 -> 1 + 2^-9); values whose
-    x * (1 / scale) lies halfway between integers (to even); amax at 127 * 65519 (the scale 65504) and
+    x * (1 / scale) lies halfway between integers (to even), or just past halfway where x / scale is not; amax at 127 * 65519 (the scale 65504) and
     127 * 65520 (inf: the NaN scale); a NaN, an infinity, float32 subnormals; then the rounding
     keys above as rows."""
     tie_low, tie_high = 127 * (1 + 2.0**-11), 127 * (1 + 3 * 2.0**-11)
@@ -43,6 +43,9 @@ def int8_rows(width: int = 8) -> np.ndarray:
         [-np.inf, 2, 3, 0, 0, 0, 0, 0],
         [1e-40, -1e-40, 3e-45, 0, 0, 0, 0, 0],
         [-5, 1, 2, -3, 4, 0.25, -0.125, 5],
+        # Scale 0.025390625: 1.4345703125 * float32(1 / scale) rounds up to 56.500004 (code 57),
+        # where 1.4345703125 / scale is 56.4999 (56): the contract's reciprocal, not a division.
+        [3.224609375, 1.4345703125, -1.4345703125, 0, 0, 0, 0, 0],
     ]
     rows = np.array(edges, dtype=np.float32)
     rows = np.pad(rows, [(0, 0), (0, max(width - 8, 0))])[:, :width]
