@@ -94,7 +94,10 @@ def parser() -> argparse.ArgumentParser:
                                    "docs/ops.md chunk queries)")
     prefill.add_argument("--prefill-share", type=_setting("chunk_share"), default=_DEFAULT.chunk_share,
                          help="share of the other blocks each chunk of prompt queries selects, at least --k "
-                         f"(default {_DEFAULT.chunk_share:g})")
+                         f"and --prefill-floor (default {_DEFAULT.chunk_share:g})")
+    prefill.add_argument("--prefill-floor", type=_setting("chunk_floor"), default=_DEFAULT.chunk_floor,
+                         help="fewest of the other blocks each chunk selects by score (default "
+                         f"{_DEFAULT.chunk_floor}; past {_DEFAULT.chunk_floor} / share candidates the share decides)")
     prefill.add_argument("--prefill-window", type=_setting("chunk_window"), default=_DEFAULT.chunk_window,
                          help=f"blocks before each chunk it always attends (default {_DEFAULT.chunk_window})")
     prefill.add_argument("--prefill-sink", type=_setting("chunk_sink"), default=_DEFAULT.chunk_sink,
@@ -160,7 +163,7 @@ def main(argv=None) -> int:
             attention=args.attention, score=args.score, num_probes=args.num_probes, portable=args.portable,
             weights=args.weights, key_smoothing=not args.no_key_smoothing, chunk_share=args.prefill_share,
             chunk_window=args.prefill_window, chunk_sink=args.prefill_sink, chunk_size=args.prefill_chunk,
-            chunk_top_k=args.prefill_top_k, chunk_pool=args.prefill_pool,
+            chunk_top_k=args.prefill_top_k, chunk_pool=args.prefill_pool, chunk_floor=args.prefill_floor,
         )
     except ValueError as error:
         print(f"export-sparse: error: {error}", file=sys.stderr)

@@ -214,8 +214,9 @@ def render(report: dict) -> str:
         lines += [f"**{result['model']}** (the default export: K={export['top_k']}, P={export['block_size']}, "
                   f"{export['kv_dtype']} caches, {export['bounds_dtype']} bounds; sparse prefill: chunks of "
                   f"{export['chunk_size']} queries, share {export['chunk_share']:g}, window {export['chunk_window']} "
-                  f"and sink {export['chunk_sink']} blocks, pool {export['chunk_pool']}, at most "
-                  f"{export['chunk_top_k']} blocks; {threads_text(result['threads'])})", ""]
+                  f"and sink {export['chunk_sink']} blocks, pool {export['chunk_pool']}, "
+                  + (f"at least {export['chunk_floor']} scored, " if "chunk_floor" in export else "")
+                  + f"at most {export['chunk_top_k']} blocks; {threads_text(result['threads'])})", ""]
         for label, attributes in result.get("policies", {}).items():
             lines.append(f"- `{label}`: the same export prefilled with " + ", ".join(
                 f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in attributes.items()))
@@ -280,7 +281,7 @@ def main(argv=None):
     parser.add_argument("--output", type=pathlib.Path, default=None)
     parser.add_argument("--policy", type=parse_policy, action="append",
                         help="also a sparse prefill with other chunk attributes: LABEL:share=0.0625,window=32,pool=4 "
-                        "(the attributes chunk_share, chunk_window, chunk_pool, chunk_size, chunk_top_k)")
+                        "(the attributes chunk_share, chunk_window, chunk_pool, chunk_size, chunk_top_k, chunk_floor)")
     args = parser.parse_args(argv)
     started = time.time()
     output = args.output or (WORK.parent / "prefill-quick.json" if args.quick else DOCS / "quality_prefill.json")

@@ -14,11 +14,12 @@ from ..ops.schemas import SPARSE_BLOCK_SELECT
 # The settings that become SparseBlockSelect attributes (same names): their ranges are the op schema's,
 # and an int attribute must fit in int32, so a bad value is refused here rather than by the checker.
 ATTRIBUTE_SETTINGS = ("top_k", "block_size", "sink_blocks", "recent_blocks", "importance_fraction", "num_probes",
-                      "chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "chunk_sink", "chunk_pool")
+                      "chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "chunk_sink", "chunk_pool",
+                      "chunk_floor")
 # The settings of a sparse prefill's chunk queries (docs/ops.md, chunk queries): SparseBlockSelect
 # attributes (chunk_size is SparseBlockAttention's too), written into a folder's sidecar only where
 # they differ from these defaults, which are the op schema's.
-CHUNK_SETTINGS = ("chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "chunk_sink", "chunk_pool")
+CHUNK_SETTINGS = ("chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "chunk_sink", "chunk_pool", "chunk_floor")
 # How the MatMul weights are stored: as the source has them ("float"), or quantized by the exporter
 # into com.microsoft.MatMulNBits nodes of these bits (export/quantize.py).
 WEIGHT_BITS = {"int8": 8, "int4": 4}
@@ -71,14 +72,15 @@ class SparseSettings:
     key_smoothing: bool = True
     # A sparse prefill (Generator(prefill="sparse")): each chunk of chunk_size prompt queries lists
     # its own blocks, a window of chunk_window blocks before them and the sinks, and selects
-    # chunk_share of the other blocks (at least top_k, at most chunk_top_k listed in all), scored by
-    # rows that average chunk_pool queries (docs/ops.md, chunk queries).
+    # chunk_share of the other blocks (at least top_k and chunk_floor, at most chunk_top_k listed in
+    # all), scored by rows that average chunk_pool queries (docs/ops.md, chunk queries).
     chunk_size: int = SPARSE_BLOCK_SELECT.attribute("chunk_size").default
     chunk_top_k: int = SPARSE_BLOCK_SELECT.attribute("chunk_top_k").default
     chunk_share: float = SPARSE_BLOCK_SELECT.attribute("chunk_share").default
     chunk_window: int = SPARSE_BLOCK_SELECT.attribute("chunk_window").default
     chunk_sink: int = SPARSE_BLOCK_SELECT.attribute("chunk_sink").default
     chunk_pool: int = SPARSE_BLOCK_SELECT.attribute("chunk_pool").default
+    chunk_floor: int = SPARSE_BLOCK_SELECT.attribute("chunk_floor").default
 
     def __post_init__(self):
         for name in ATTRIBUTE_SETTINGS:

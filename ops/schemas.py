@@ -270,7 +270,9 @@ SPARSE_BLOCK_SELECT = OpSpec(
         Attribute("chunk_top_k", "int", "most blocks a chunk's selection lists KC, its forced blocks included",
                   default=1024, minimum=1),
         Attribute("chunk_share", "float", "share of a chunk's candidate blocks it selects by score (at least "
-                  "top_k, at most what chunk_top_k leaves)", default=0.0625, minimum=0.0, maximum=1.0),
+                  "top_k and chunk_floor, at most what chunk_top_k leaves)", default=0.0625, minimum=0.0, maximum=1.0),
+        Attribute("chunk_floor", "int", "fewest of a chunk's candidate blocks it selects by score, with top_k (the "
+                  "larger of the two counts)", default=64, minimum=0),
         Attribute("chunk_window", "int", "blocks before a chunk's first block that it always lists",
                   default=64, minimum=0),
         Attribute("chunk_sink", "int", "leading blocks every chunk lists (a prompt's instructions; decode's are "

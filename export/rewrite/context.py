@@ -145,7 +145,7 @@ class RewriteContext:
                                      group_reduce=s.group_reduce, score=s.score, num_probes=s.num_probes,
                                      chunk_size=s.chunk_size, chunk_top_k=s.chunk_top_k,
                                      chunk_share=float(s.chunk_share), chunk_window=s.chunk_window,
-                                     chunk_pool=s.chunk_pool)
+                                     chunk_pool=s.chunk_pool, chunk_floor=s.chunk_floor)
             if s.importance_fraction:
                 select_attributes["importance_fraction"] = s.importance_fraction
             probe_inputs = (key_cache, key) if s.score == "probe" else (None, None)

@@ -167,7 +167,7 @@ def _chunk_rows(op, query, members, num_heads, kv_num_heads, chunk_size, pool):
 
 def _chunk_select(op, query, block_max, block_min, block_exponent, past_lens, pos, valid, exact_lens, chunk_lens, *,
                   num_heads, kv_num_heads, block_size, top_k, chunk_sink, chunk_size, chunk_top_k, chunk_share,
-                  chunk_window, chunk_pool):
+                  chunk_window, chunk_pool, chunk_floor):
     """chunk_indices [B, N, NC, KC] int32 (docs/ops.md, chunk queries).
 
     ```
@@ -230,7 +230,8 @@ def _chunk_select(op, query, block_max, block_min, block_exponent, past_lens, po
     candidates_n = op.Sub(count(eligible), n_forced)
     share = float(np.float32(chunk_share))  # the kernels read the attribute as float32
     wanted = op.Cast(op.Ceil(op.Mul(op.Cast(candidates_n, to=F64), const(op, share, np.float64))), to=I64)
-    keep = op.Min(op.Sub(const(op, chunk_top_k, np.int64), n_forced), op.Max(const(op, top_k, np.int64), wanted))
+    floor = const(op, max(top_k, chunk_floor), np.int64)
+    keep = op.Min(op.Sub(const(op, chunk_top_k, np.int64), n_forced), op.Max(floor, wanted))
     everything = op.LessOrEqual(candidates_n, keep)  # [B, 1, NC, 1]
     shape = op.Concat(dim(op, query, 0), ints(op, kv_num_heads), op.Shape(first, start=1), M, axis=0)
     eligible, forced = op.Expand(eligible, shape), op.Expand(forced, shape)
@@ -288,6 +289,7 @@ def sparse_block_select_body(
     chunk_window: int = 64,
     chunk_sink: int = 16,
     chunk_pool: int = 16,
+    chunk_floor: int = 64,
     with_chunks: bool = False,
 ):
     """block_indices, and with `with_chunks` (the node has output chunk_indices) chunk_indices too."""
@@ -312,7 +314,8 @@ def sparse_block_select_body(
                            chunk_lens,
                            num_heads=num_heads, kv_num_heads=kv_num_heads, block_size=block_size, top_k=top_k,
                            chunk_sink=chunk_sink, chunk_size=chunk_size, chunk_top_k=chunk_top_k,
-                           chunk_share=chunk_share, chunk_window=chunk_window, chunk_pool=chunk_pool)
+                           chunk_share=chunk_share, chunk_window=chunk_window, chunk_pool=chunk_pool,
+                           chunk_floor=chunk_floor)
     return per_token, chunks
 
 

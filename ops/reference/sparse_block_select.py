@@ -128,11 +128,12 @@ def chunk_forced_blocks(first: int, last: int, window: int, sinks: int) -> list[
     return order + [m for m in range(min(sinks, last + 1)) if m not in order]
 
 
-def chunk_budget(candidates: int, forced: int, top_k: int, chunk_top_k: int, chunk_share: float) -> int:
-    """Blocks a chunk selects by score: ceil(share * candidates) in double, at least top_k, at most
-    what chunk_top_k leaves after the forced blocks."""
+def chunk_budget(candidates: int, forced: int, top_k: int, chunk_top_k: int, chunk_share: float,
+                 chunk_floor: int = 64) -> int:
+    """Blocks a chunk selects by score: ceil(share * candidates) in double, at least top_k and
+    chunk_floor, at most what chunk_top_k leaves after the forced blocks."""
     wanted = math.ceil(float(np.float32(chunk_share)) * candidates)
-    return min(chunk_top_k - forced, max(top_k, wanted))
+    return min(chunk_top_k - forced, max(top_k, chunk_floor, wanted))
 
 
 def most_chunk_forced(chunk_size: int, block_size: int, window: int, sinks: int) -> int:
@@ -185,7 +186,8 @@ def chunk_scores(rows, block_max, block_min, block_exponent, b: int, n: int) -> 
 
 
 def chunk_select(query, block_max, block_min, block_exponent, past_lens, total, exact, chunk_lens, *, kv_num_heads,
-                 block_size, top_k, chunk_sink, chunk_size, chunk_top_k, chunk_share, chunk_window, chunk_pool):
+                 block_size, top_k, chunk_sink, chunk_size, chunk_top_k, chunk_share, chunk_window, chunk_pool,
+                 chunk_floor):
     """chunk_indices [B, N, NC, KC]: per chunk of chunk_size queries of the call, the blocks its
     members (valid queries at positions in [exact_lens, chunk_lens)) attend, ascending, -1 padded."""
     B, _, S, _ = query.shape
@@ -203,7 +205,7 @@ def chunk_select(query, block_max, block_min, block_exponent, past_lens, total, 
             first, last = (past + members.start) // P, (past + members.stop - 1) // P
             forced = chunk_forced_blocks(first, last, chunk_window, chunk_sink)
             eligible = last + 1
-            keep = chunk_budget(eligible - len(forced), len(forced), top_k, chunk_top_k, chunk_share)
+            keep = chunk_budget(eligible - len(forced), len(forced), top_k, chunk_top_k, chunk_share, chunk_floor)
             for n in range(N):
                 if eligible - len(forced) <= keep:
                     chosen = list(range(eligible))
@@ -253,6 +255,7 @@ def sparse_block_select(
     chunk_window=64,
     chunk_sink=16,
     chunk_pool=16,
+    chunk_floor=64,
 ):
     """Return block_indices [B, R, S, top_k] int32, and with chunk_lens given also chunk_indices
     [B, N, ceil(S / chunk_size), chunk_top_k]: chosen blocks ascending, -1 padded; R = N, or H with
@@ -275,7 +278,7 @@ def sparse_block_select(
     chunks = chunk_select(query, block_max, block_min, block_exponent, past_lens, total, exact, chunked,
                           kv_num_heads=N, block_size=block_size, top_k=top_k, chunk_sink=chunk_sink,
                           chunk_size=chunk_size, chunk_top_k=chunk_top_k, chunk_share=chunk_share,
-                          chunk_window=chunk_window, chunk_pool=chunk_pool)
+                          chunk_window=chunk_window, chunk_pool=chunk_pool, chunk_floor=chunk_floor)
     # Chunk queries select nothing per token: to the per-token rule they attend exactly.
     per_token_exact = np.where(chunked > exact, chunked, exact)
     indices = per_token_select(query, block_max, block_min, past_lens, total_lens, block_importance,

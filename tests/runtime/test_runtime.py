@@ -232,16 +232,19 @@ def _select_variant(folder: pathlib.Path, name: str, **attributes) -> str:
 
 def test_a_sparse_prefill_whose_chunks_list_every_block_is_the_exact_prefill_bit_for_bit():
     """Chunk queries walk the exact walk's tiles restricted to their chunk's blocks (docs/ops.md): a
-    chunk that lists every block gives the exact prefill's bits. A short window and share list fewer,
-    and the logits move (the prefill is sparse), while decode steps after it run as usual."""
+    chunk that lists every block gives the exact prefill's bits, and so does one whose chunk_floor (the
+    default, 64 blocks) covers a short prompt's 19 blocks whatever its share and window. Without the
+    floor a short window and share list fewer, and the logits move (the prefill is sparse), while
+    decode steps after it run as usual."""
     folder = quest_export("qwen3", top_k=2)
     prompt = np.random.default_rng(5).integers(0, 256, 300).tolist()  # 19 blocks of 16 at the end
     exact = QuestModel(folder, threads=1)
     every = QuestModel(folder, threads=1, model_file=_select_variant(folder, "chunks-every", chunk_share=1.0))
-    few = QuestModel(folder, threads=1, model_file=_select_variant(folder, "chunks-few", chunk_share=0.0,
-                                                                    chunk_window=1, chunk_sink=1))
+    short = dict(chunk_share=0.0, chunk_window=1, chunk_sink=1)
+    floored = QuestModel(folder, threads=1, model_file=_select_variant(folder, "chunks-floored", **short))
+    few = QuestModel(folder, threads=1, model_file=_select_variant(folder, "chunks-few", **short, chunk_floor=0))
     reference, reference_logits = greedy(exact, [prompt], 6, return_logits=True)
-    for model, same in ((every, True), (few, False)):
+    for model, same in ((every, True), (floored, True), (few, False)):
         tokens, logits = greedy(model, [prompt], 6, return_logits=True, prefill_mode="sparse")
         assert np.array_equal(logits[0], reference_logits[0]) == same
         if same:

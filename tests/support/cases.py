@@ -91,6 +91,7 @@ class Case:
     chunk_window: int = 1
     chunk_share: float = 0.25
     chunk_room: int = 0  # chunk_top_k beyond the most forced blocks a chunk can have
+    chunk_floor: int = 0  # 0: top_k is the floor of the blocks a chunk scores in
 
     @property
     def int8(self) -> bool:
@@ -120,7 +121,8 @@ class Case:
             f"-{short[self.dtypes[0]]}{short[self.dtypes[1]]}"
             f"{'' if self.exact == 'none' else '-x' + self.exact}{'-b8' if self.int8_bounds else ''}"
             + ("" if self.chunk == "none" else f"-c{self.chunk.split('-')[0]}Q{self.chunk_size}p{self.chunk_pool}"
-               f"w{self.chunk_window}s{self.chunk_share:g}k{self.chunk_room}")
+               f"w{self.chunk_window}s{self.chunk_share:g}k{self.chunk_room}"
+               + (f"f{self.chunk_floor}" if self.chunk_floor else ""))
         )
 
     def past_lens(self) -> np.ndarray:
@@ -168,7 +170,8 @@ class Case:
         if self.chunk == "none":
             return {}
         return dict(chunk_size=self.chunk_size, chunk_top_k=self.chunk_top_k(), chunk_share=self.chunk_share,
-                    chunk_window=self.chunk_window, chunk_sink=self.sink, chunk_pool=self.chunk_pool)
+                    chunk_window=self.chunk_window, chunk_sink=self.sink, chunk_pool=self.chunk_pool,
+                    chunk_floor=self.chunk_floor)
 
     def chunks_rank(self) -> bool:
         """True when the last chunk has more candidate blocks than its budget: scores decide."""
@@ -179,7 +182,8 @@ class Case:
         first = max(last - (self.chunk_size + P - 1) // P, 0)
         forced = last + 1 - max(first - self.chunk_window, 0) + min(self.sink, max(first - self.chunk_window, 0))
         candidates = last + 1 - forced
-        keep = min(self.chunk_top_k() - forced, max(self.k(), -(-int(self.chunk_share * candidates * 1e6) // 10**6)))
+        keep = min(self.chunk_top_k() - forced,
+                   max(self.k(), self.chunk_floor, -(-int(self.chunk_share * candidates * 1e6) // 10**6)))
         return candidates > keep
 
     def capacity(self) -> int:
@@ -294,7 +298,14 @@ def _chunk_cases(rng, draws: int = 2000) -> list[Case]:
                 best, reached = case, gain
         cases.append(best)
         missed = {path for path in missed if not CHUNK_PATHS[path](best)}
-    return cases
+    return [_with_chunk_floor(case) if i % 2 else case for i, case in enumerate(cases)]
+
+
+def _with_chunk_floor(case: Case) -> Case:
+    """The case with a chunk_floor above its top_k, where scores still decide part of a selection
+    (chosen after the draws, so that the draws and their data stay those of the cases before it)."""
+    floored = dataclasses.replace(case, chunk_floor=case.k() + 3)
+    return floored if floored.chunks_rank() else case
 
 
 def _int8_cases(rng, draws: int = 1000) -> list[Case]:

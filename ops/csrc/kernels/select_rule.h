@@ -85,9 +85,9 @@ QUEST_AICORE int64_t most_chunk_forced(int64_t chunk_size, int64_t block_size, i
 //   forced: the chunk's own blocks, the chunk_window blocks before them, the chunk_sink leading
 //   blocks; then by score
 //   ceil(chunk_share * candidates) of the other eligible blocks [0, last] (computed in double), at
-//   least top_k, at most chunk_top_k minus the forced; every eligible block when the candidates
-//   are no more than that. `rule` holds top_k, chunk_sink, chunk_top_k, chunk_share, chunk_window
-//   (SparseBlockSelectParams); chunk_top_k holds every forced block (most_chunk_forced).
+//   least top_k and chunk_floor, at most chunk_top_k minus the forced; every eligible block when the
+//   candidates are no more than that. `rule` holds top_k, chunk_sink, chunk_top_k, chunk_share,
+//   chunk_window, chunk_floor (SparseBlockSelectParams); chunk_top_k holds every forced block (most_chunk_forced).
 template <class Rule, class Selection>
 QUEST_AICORE void select_chunk_blocks(const Rule& rule, int64_t first, int64_t last, Selection& selection) {
   const int64_t eligible = last + 1;
@@ -98,7 +98,8 @@ QUEST_AICORE void select_chunk_blocks(const Rule& rule, int64_t first, int64_t l
   const double wanted_exact = static_cast<double>(rule.chunk_share) * static_cast<double>(candidates);
   int64_t wanted = static_cast<int64_t>(wanted_exact);
   if (static_cast<double>(wanted) < wanted_exact) ++wanted;  // ceil
-  int64_t keep = wanted > rule.top_k ? wanted : rule.top_k;
+  const int64_t floor = rule.chunk_floor > rule.top_k ? rule.chunk_floor : rule.top_k;
+  int64_t keep = wanted > floor ? wanted : floor;
   if (keep > rule.chunk_top_k - forced) keep = rule.chunk_top_k - forced;
   if (candidates <= keep) {
     selection.take_all(eligible);

@@ -35,6 +35,7 @@ struct SparseBlockSelectParams {
   // list per chunk of chunk_size queries of the call and KV head, into chunk_indices.
   const int32_t* chunk_lens = nullptr;  // [B] validated, or null: no chunk queries
   int64_t chunk_size = 64, chunk_top_k = 0, chunk_window = 0, chunk_sink = 0, chunk_pool = 1;
+  int64_t chunk_floor = 0;  // with top_k, the fewest blocks a chunk selects by score (0: top_k alone)
   float chunk_share = 0.0f;
   int32_t* chunk_indices = nullptr;  // [B, N, ceil(S / chunk_size), chunk_top_k] output, or null
 };

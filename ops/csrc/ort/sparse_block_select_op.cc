@@ -95,6 +95,7 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
   params.chunk_window = attributes_.get_int("chunk_window");
   params.chunk_sink = attributes_.get_int("chunk_sink");
   params.chunk_pool = attributes_.get_int("chunk_pool");
+  params.chunk_floor = attributes_.get_int("chunk_floor");
   const SparseBlockSelectFn kernel = active_kernels().sparse_block_select;
   parallel_for(context, B * N, [&](int64_t item) { kernel(params, item, item + 1); });
 }

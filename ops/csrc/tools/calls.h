@@ -104,6 +104,7 @@ void run_select(const Case& c, const std::string& variant, Run&& run) {
     p.chunk_size = c.integer("Q"), p.chunk_top_k = c.integer("KC"), p.chunk_share = c.real("chunk_share");
     p.chunk_window = c.integer("chunk_window"), p.chunk_pool = c.integer("chunk_pool");
     p.chunk_sink = c.integer("chunk_sink");
+    p.chunk_floor = c.integer("chunk_floor");
     chunk_indices.resize(B * N * num_chunks(p) * p.chunk_top_k);
     p.chunk_indices = chunk_indices.data();
   }
