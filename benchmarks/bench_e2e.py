@@ -222,7 +222,7 @@ def time_to_first_token(folders: dict, lengths, threads: int, on_row=None, runs=
     `on_row(rows)` after each length (a run of an hour keeps what it measured if stopped)."""
     rows = []
     for tokens in lengths:
-        row = dict(tokens=tokens)
+        row = dict(tokens=tokens, date=time.strftime("%Y-%m-%d"))
         for kind, mode in runs:
             row[f"{kind} {mode}"] = prefill_run(folders[kind], tokens, threads, mode, kind)
             print(f"time to first token, {tokens:5d} tokens: {kind} {mode}: {row[f'{kind} {mode}']}", flush=True)
@@ -328,7 +328,8 @@ def main(argv=None):
                         help="which time-to-first-token runs, comma-separated (default: all of "
                         + ", ".join(f"'{kind} {mode}'" for kind, mode in TTFT_RUNS) + ")")
     parser.add_argument("--only-ttft", action="store_true",
-                        help="only the time-to-first-token runs, kept with the other parts of results/e2e.json")
+                        help="only the time-to-first-token runs, kept with the other parts of results/e2e.json "
+                        "(rows of lengths not measured again stay)")
     args = parser.parse_args(argv)
     from quest_ort.apps.console import configure_logging
 
@@ -339,8 +340,10 @@ def main(argv=None):
     if args.only_ttft:
         report = json.loads((RESULTS / "e2e.json").read_text()) if (RESULTS / "e2e.json").is_file() else {}
 
-        def save(rows):
-            report["time_to_first_token"] = rows
+        kept = [row for row in report.get("time_to_first_token", []) if row["tokens"] not in args.ttft_tokens]
+
+        def save(rows):  # the lengths measured now replace their rows; the other lengths' rows stay
+            report["time_to_first_token"] = sorted(kept + rows, key=lambda row: row["tokens"])
             RESULTS.mkdir(parents=True, exist_ok=True)
             (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
 
