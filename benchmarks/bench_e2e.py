@@ -236,6 +236,19 @@ def time_to_first_token(folders: dict, lengths, threads: int, on_row=None, runs=
     return rows
 
 
+def merge_ttft_rows(earlier: dict[int, dict], rows: list[dict]) -> list[dict]:
+    """The rows of a time-to-first-token run over the `earlier` rows (by prompt length): a length
+    measured now keeps the earlier runs it did not repeat, each marked `earlier_run` (its ratios
+    are not this run's: sparse_times_faster compares only the runs measured together)."""
+    merged = dict(earlier)
+    for row in rows:
+        old = earlier.get(row["tokens"], {})
+        kept = {label: dict(run, earlier_run=True, **({"date": old["date"]} if "date" in old else {}))
+                for label, run in old.items() if isinstance(run, dict) and "seconds" in run and label not in row}
+        merged[row["tokens"]] = {**row, **kept}
+    return [merged[tokens] for tokens in sorted(merged)]
+
+
 def peak_memory(folders: dict, context: int, threads: int, steps: int) -> dict[str, dict]:
     """Each model alone in its own process (benchmarks.decode_once) decoding at `context` tokens in
     a cache of CAPACITY: its peak RSS over the whole run, in the prompt step that ends at `context`
@@ -340,10 +353,10 @@ def main(argv=None):
     if args.only_ttft:
         report = json.loads((RESULTS / "e2e.json").read_text()) if (RESULTS / "e2e.json").is_file() else {}
 
-        kept = [row for row in report.get("time_to_first_token", []) if row["tokens"] not in args.ttft_tokens]
+        earlier = {row["tokens"]: row for row in report.get("time_to_first_token", [])}
 
-        def save(rows):  # the lengths measured now replace their rows; the other lengths' rows stay
-            report["time_to_first_token"] = sorted(kept + rows, key=lambda row: row["tokens"])
+        def save(rows):  # what is measured now replaces its entries; the rest stays, marked as earlier
+            report["time_to_first_token"] = merge_ttft_rows(earlier, rows)
             RESULTS.mkdir(parents=True, exist_ok=True)
             (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
 

@@ -1,4 +1,4 @@
-"""bench_e2e's own pieces on tiny exports: ONNX Runtime's int8-cache GroupQueryAttention variant decodes what its float16 twin decodes, and the synthetic int8 fill bounds what the cache holds."""
+"""bench_e2e's own pieces on tiny exports: ONNX Runtime's int8-cache GroupQueryAttention variant decodes what its float16 twin decodes, the synthetic int8 fill bounds what the cache holds, and --only-ttft merges a run into earlier rows."""
 
 from __future__ import annotations
 
@@ -75,3 +75,17 @@ def test_the_synthetic_int8_fill_bounds_the_keys_the_cache_holds(tmp_path):
         assert (layer.block_max[0, :, :blocks] * scale >= np.nanmax(by_block, axis=2)).all()
         assert (layer.block_min[0, :, :blocks] * scale <= np.nanmin(by_block, axis=2)).all()
     model.step(cache, np.array([[3]], np.int64))  # and the model decodes from it
+
+
+def test_a_time_to_first_token_run_replaces_what_it_measures_and_marks_what_it_keeps():
+    """bench_e2e --only-ttft: a length measured again takes the new runs, keeps the runs it did not
+    repeat marked as earlier (with their date), and the other lengths' rows stay as they were."""
+    earlier = {4096: {"tokens": 4096, "date": "2026-12-04", "quest-int8 exact": {"seconds": 29.0},
+                      "gqa-float16 exact": {"seconds": 28.5}, "sparse_times_faster": {"x": 1.0}},
+               32768: {"tokens": 32768, "quest-int8 exact": {"seconds": 877.0}}}
+    now = [{"tokens": 4096, "date": "2026-12-05", "quest-int8 exact": {"seconds": 27.0}, "sparse_times_faster": {}}]
+    merged = bench_e2e.merge_ttft_rows(earlier, now)
+    assert [row["tokens"] for row in merged] == [4096, 32768] and merged[1] == earlier[32768]
+    assert merged[0]["quest-int8 exact"] == {"seconds": 27.0} and merged[0]["date"] == "2026-12-05"
+    assert merged[0]["gqa-float16 exact"] == {"seconds": 28.5, "earlier_run": True, "date": "2026-12-04"}
+    assert merged[0]["sparse_times_faster"] == {}
