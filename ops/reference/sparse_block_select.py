@@ -129,7 +129,7 @@ def chunk_forced_blocks(first: int, last: int, window: int, sinks: int) -> list[
 
 
 def chunk_budget(candidates: int, forced: int, top_k: int, chunk_top_k: int, chunk_share: float,
-                 chunk_floor: int = 64) -> int:
+                 chunk_floor: int) -> int:
     """Blocks a chunk selects by score: ceil(share * candidates) in double, at least top_k and
     chunk_floor, at most what chunk_top_k leaves after the forced blocks."""
     wanted = math.ceil(float(np.float32(chunk_share)) * candidates)
