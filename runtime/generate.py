@@ -1,5 +1,5 @@
 """Token generation over a model folder's runtime: batched prompts of different lengths, greedy or
-seeded sampling (temperature, top-k, top-p), stop tokens, a streaming iterator.
+seeded sampling (runtime/sampling.py: temperature, top-k, top-p, min-p, penalties), stop tokens, a streaming iterator.
 
 Prompts are prefilled exactly by default (every prompt token attends to all before it, as Quest
 does) and sparse selection starts with the first generated token. `prefill="sparse"` prefills in
@@ -26,7 +26,6 @@ empty prompt, a NaN temperature are ValueErrors naming the argument, and the cac
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
@@ -35,6 +34,7 @@ import numpy as np
 
 from . import inputs
 from .model import CapacityError, KVCache
+from .sampling import Sampling, TokenHistory, choose
 
 PREFILL_CHUNK = 512
 PREFILL_MODES = ("exact", "sparse", "per-token")
@@ -65,50 +65,6 @@ class StepModel(Protocol):
 
     def check_prefill(self, mode: str) -> None:
         """Raises ValueError, saying why, when the model cannot prefill in `mode` (PREFILL_MODES)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    max_new_tokens: int = 64
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0  # 0: no top-k cut
-    top_p: float = 1.0  # 1: no nucleus cut
-    seed: int | None = None
-    stop_tokens: tuple[int, ...] = ()
-
-    def __post_init__(self):
-        # Normalised to Python numbers (frozen: hence object.__setattr__), so equal settings hash equal.
-        checked = dict(max_new_tokens=inputs.integer(self.max_new_tokens, "max_new_tokens", 0),
-                       temperature=inputs.number(self.temperature, "temperature", minimum=0.0),
-                       top_k=inputs.integer(self.top_k, "top_k", 0),
-                       top_p=inputs.number(self.top_p, "top_p", minimum=0.0, maximum=1.0, above_minimum=True),
-                       seed=None if self.seed is None else inputs.integer(self.seed, "seed", 0))
-        stop = self.stop_tokens
-        if isinstance(stop, (str, bytes)) or not isinstance(stop, (Sequence, np.ndarray)):
-            raise inputs.InputTypeError(f"stop_tokens must be a sequence of token ids, got {type(stop).__name__} {stop!r}")
-        checked["stop_tokens"] = tuple(inputs.integer(t, f"stop_tokens[{i}]", 0) for i, t in enumerate(stop))
-        for name, value in checked.items():
-            object.__setattr__(self, name, value)
-
-
-def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
-    """Next token per row of logits [B, V]: argmax when temperature is 0, else a seeded draw."""
-    if sampling.temperature == 0:
-        return logits.argmax(-1)
-    scaled = logits.astype(np.float64) / sampling.temperature
-    if sampling.top_k:
-        cut = np.sort(scaled, axis=-1)[:, -min(sampling.top_k, scaled.shape[-1])][:, None]
-        scaled = np.where(scaled < cut, -np.inf, scaled)
-    probabilities = np.exp(scaled - scaled.max(-1, keepdims=True))
-    probabilities /= probabilities.sum(-1, keepdims=True)
-    if sampling.top_p < 1.0:
-        order = np.argsort(-probabilities, axis=-1)
-        ranked = np.take_along_axis(probabilities, order, -1)
-        keep = np.cumsum(ranked, -1) - ranked < sampling.top_p  # the smallest prefix reaching top_p
-        kept = np.zeros_like(probabilities)
-        np.put_along_axis(kept, order, np.where(keep, ranked, 0.0), -1)
-        probabilities = kept / kept.sum(-1, keepdims=True)
-    return np.array([rng.choice(len(row), p=row) for row in probabilities])
 
 
 def check_prefill_mode(mode) -> str:
@@ -242,6 +198,9 @@ class Generator:
         token selects its blocks as decode does)."""
         self.model = model
         self.capacity = None if capacity is None else inputs.integer(capacity, "capacity", 1)
+        if self.capacity is not None and model.capacity is not None and self.capacity > model.capacity:
+            raise CapacityError(f"capacity {self.capacity} is past the model's {model.capacity} tokens (what its "
+                                "folder was exported and validated for)")
         self.prefill = check_prefill_mode(prefill)
         model.check_prefill(self.prefill)
         self.cache: KVCache | None = None
@@ -299,10 +258,14 @@ class Generator:
         if sampling.max_new_tokens == 0:
             return
         logits = prefill(self.model, cache, prompts, mode=self.prefill, on_prefill=on_prefill)
+        history = TokenHistory(prompts, logits.shape[-1]) if sampling.penalised else None
         done = np.zeros(len(prompts), bool)
         for step in range(sampling.max_new_tokens):
-            tokens = choose(logits, sampling, rng)
-            yield [None if done[row] else int(tokens[row]) for row in range(len(prompts))]
+            tokens = choose(logits, sampling, rng, history)
+            new = [None if done[row] else int(tokens[row]) for row in range(len(prompts))]
+            if history is not None:
+                history.add(new)
+            yield new
             done |= np.isin(tokens, sampling.stop_tokens)
             if done.all() or step + 1 == sampling.max_new_tokens:
                 return

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from quest_ort.runtime.generate import Generator, Sampling, greedy, prefill
+from quest_ort.runtime.sampling import TokenHistory, choose
 from quest_ort.runtime.model import QuestModel
 from support.export_models import quest_export, tiny_model
 
@@ -190,6 +191,9 @@ BAD_SAMPLING = [
     ("temperature", None), ("top_p", math.nan), ("top_p", 0.0), ("top_p", 1.5), ("top_k", 2.5), ("top_k", -1),
     ("top_k", "3"), ("max_new_tokens", 2.5), ("max_new_tokens", -1), ("max_new_tokens", True), ("seed", -1),
     ("seed", 1.5), ("stop_tokens", (1.5,)), ("stop_tokens", ("a",)), ("stop_tokens", 3), ("stop_tokens", "ab"),
+    ("temperature", 5e-324), ("temperature", 1e6), ("min_p", -0.1), ("min_p", 1.5), ("min_p", math.nan),
+    ("presence_penalty", 2.5), ("presence_penalty", math.inf), ("frequency_penalty", -3.0),
+    ("repetition_penalty", 0.0), ("repetition_penalty", 11.0), ("repetition_penalty", "1.1"),
 ]
 
 
@@ -205,9 +209,46 @@ def test_good_sampling_parameters_are_normalised():
     assert hash(sampling) == hash(Sampling(3, 1.0, 2, stop_tokens=(7, 9)))
 
 
+def _one_row_logits(values) -> np.ndarray:
+    return np.array([values], np.float32)
+
+
+def test_penalties_change_the_logits_as_vllm_and_openai_define_them():
+    history = TokenHistory([[0, 1]], 5)  # the prompt holds tokens 0 and 1
+    history.add([2])
+    history.add([2])  # the reply so far: token 2 twice
+    logits = _one_row_logits([2.0, -2.0, 1.0, 1.0, 0.5])
+    repeated = history.penalise(logits, Sampling(repetition_penalty=2.0))
+    np.testing.assert_array_equal(repeated, [[1.0, -4.0, 0.5, 1.0, 0.5]])  # prompt and reply tokens
+    counted = history.penalise(logits, Sampling(frequency_penalty=0.5, presence_penalty=0.25))
+    np.testing.assert_array_equal(counted, [[2.0, -2.0, 1.0 - 2 * 0.5 - 0.25, 1.0, 0.5]])  # reply tokens only
+    # greedy picks the argmax after the penalties
+    assert choose(logits, Sampling(repetition_penalty=4.0), None, history)[0] == 3
+    with pytest.raises(ValueError, match="TokenHistory"):
+        choose(logits, Sampling(presence_penalty=1.0), None)
+
+
+@pytest.mark.parametrize("sampling, allowed", [
+    (Sampling(temperature=1.0, top_k=1), {0}),
+    (Sampling(temperature=1.0, top_k=2), {0, 1}),
+    (Sampling(temperature=1.0, min_p=0.5), {0, 1}),  # token 2 is e^-3 as likely as token 0
+    (Sampling(temperature=1.0, min_p=0.9), {0}),  # token 1 is e^-0.5 ~ 0.61 as likely
+    (Sampling(temperature=1.0), {0, 1, 2}),
+])
+def test_the_cuts_leave_only_the_tokens_their_definition_keeps(sampling, allowed):
+    logits = np.repeat(_one_row_logits([3.0, 2.5, 0.0]), 4000, axis=0)
+    drawn = set(choose(logits, sampling, np.random.default_rng(0)).tolist())
+    assert drawn == allowed
+
+
+def test_a_tiny_temperature_picks_the_argmax_without_overflowing():
+    logits = np.repeat(_one_row_logits([1e30, -1e30, 0.0]), 50, axis=0)
+    assert set(choose(logits, Sampling(temperature=1e-300), np.random.default_rng(0)).tolist()) == {0}
+
+
 @pytest.mark.parametrize("kwargs, name", [
     (dict(capacity=2.5), "capacity"), (dict(capacity=-64), "capacity"), (dict(capacity="64"), "capacity"),
-    (dict(prefill="dense"), "prefill"),
+    (dict(prefill="dense"), "prefill"), (dict(capacity=10 ** 6), "capacity 1000000 is past"),
 ])
 def test_generator_arguments_are_checked_when_made(kwargs, name):
     with pytest.raises(ValueError, match=name):
