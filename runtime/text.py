@@ -175,10 +175,14 @@ class TextDeltas:
 
 class StopText:
     """Stop strings over streamed text: gives out the text up to (not including) the first stop
-    string, holding back an ending that could still grow into one."""
+    string to end, holding back an ending that could still grow into one. Each stop string is
+    matched by its Knuth-Morris-Pratt automaton, one state per string carried from delta to delta:
+    the work is linear in the text and the strings' lengths, whatever they hold."""
 
     def __init__(self, stops: Sequence[str]):
         self.stops = tuple(stop for stop in stops if stop)
+        self._fallback = [_prefix_function(stop) for stop in self.stops]
+        self._matched = [0] * len(self.stops)  # per stop: its longest prefix the text ends with
         self._pending = ""
         self.stopped = False
 
@@ -186,16 +190,34 @@ class StopText:
         if self.stopped:
             return ""
         text = self._pending + delta
-        found = [(text.find(stop), stop) for stop in self.stops if stop in text]
-        if found:
-            self.stopped = True
-            self._pending = ""
-            return text[: min(found)[0]]
-        hold = max((length for stop in self.stops for length in range(1, len(stop))
-                    if text.endswith(stop[:length])), default=0)
+        start = len(self._pending)
+        for offset, char in enumerate(delta):
+            for i, stop in enumerate(self.stops):
+                k = self._matched[i]
+                while k and stop[k] != char:
+                    k = self._fallback[i][k - 1]
+                k += stop[k] == char
+                if k == len(stop):
+                    self.stopped = True
+                    self._pending = ""
+                    return text[: start + offset + 1 - k]
+                self._matched[i] = k
+        hold = max(self._matched, default=0)  # what could still grow into a stop string
         self._pending = text[len(text) - hold:] if hold else ""
         return text[: len(text) - hold]
 
     def finish(self) -> str:
         text, self._pending = self._pending, ""
         return "" if self.stopped else text
+
+
+def _prefix_function(pattern: str) -> list[int]:
+    """table[i]: the length of the longest proper prefix of pattern[: i + 1] that is also its suffix."""
+    table = [0] * len(pattern)
+    k = 0
+    for i in range(1, len(pattern)):
+        while k and pattern[i] != pattern[k]:
+            k = table[k - 1]
+        k += pattern[i] == pattern[k]
+        table[i] = k
+    return table
