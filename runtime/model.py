@@ -138,9 +138,13 @@ class QuestModel:
         return preferred
 
     def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
-        """Allocate every cache of a batch once, at `capacity` tokens (default: the sidecar's)."""
+        """Allocate every cache of a batch once, at `capacity` tokens (default: the sidecar's, also the
+        most: the folder was exported and validated up to it, and its positions' tables end there)."""
         batch = integer(batch, "batch", 1)
         capacity = self.sidecar.capacity if capacity is None else integer(capacity, "capacity", 1)
+        if capacity > self.sidecar.capacity:
+            raise CapacityError(f"capacity {capacity} is past the {self.sidecar.capacity} tokens the folder was "
+                                "exported and validated for")
         layout = cache_layout(self.sidecar, batch, capacity)
         layers = [layer.map(lambda spec: cache_buffer(spec.shape, spec.dtype)) for layer in layout]
         return KVCache.of(capacity, np.zeros(batch, np.int32), layers, [layer.map(lambda spec: spec.name)

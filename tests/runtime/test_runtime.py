@@ -177,7 +177,9 @@ def test_each_step_writes_its_logits_into_an_array_of_its_own():
 def test_chunked_prefill_matches_the_dense_baseline_past_one_chunk():
     rng = np.random.default_rng(12)
     prompts = [rng.integers(0, 256, 700).tolist(), rng.integers(0, 256, 530).tolist()]  # > 512: two chunks
-    comparison = compare(_quest(), _gqa(), prompts, Sampling(max_new_tokens=16), capacity=1024)
+    quest = QuestModel(quest_export("qwen3", top_k=64, capacity=1024), threads=1)
+    dense = QuestModel(quest_export("qwen3", top_k=64, attention="gqa", capacity=1024), threads=1)
+    comparison = compare(quest, dense, prompts, Sampling(max_new_tokens=16), capacity=1024)
     assert comparison.identical, f"{comparison.matching_fraction:.0%} of tokens match"
 
 
