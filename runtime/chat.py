@@ -12,8 +12,11 @@ A reply stops at the model's end-of-turn ids (the sidecar's `eos_token_ids`), at
 at `max_new_tokens` (default: as far as the cache capacity allows). One TextGenerator owns one cache
 (batch 1) and remembers which tokens it holds: a request whose tokens begin with them prefills only
 the rest; one that departs from them keeps the shared beginning, back to a metadata block boundary
-(QuestModel.truncate). The prompt is prefilled exactly by default and generated tokens select their
-blocks, as Generator does (runtime/generate.py); `prefill="sparse"` prefills in chunks that select
+(QuestModel.truncate). Only positions a fresh request would compute the same way are kept: those an
+exact prefill wrote (with `prefill="sparse"`, the whole chunks of its sparse part; with "per-token",
+none), never a reply's tokens, whose keys and values sparse decode steps computed. A later prompt
+that holds a reply prefills it again, so a request gets the same tokens whatever ran before it.
+The prompt is prefilled exactly by default and generated tokens select their blocks, as Generator does (runtime/generate.py); `prefill="sparse"` prefills in chunks that select
 their blocks (a long prompt's first token sooner: docs/quality.md says what it keeps).
 """
 
@@ -27,9 +30,9 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from . import inputs
-from .generate import (PREFILL_CHUNK, GeneratorBusyError, Sampling, Stream, check_prefill_mode, check_progress, choose,
-                       prefill_segments)
+from .generate import PREFILL_CHUNK, GeneratorBusyError, Stream, check_prefill_mode, check_progress, prefill_segments
 from .model import CapacityError, QuestModel
+from .sampling import Sampling, TokenHistory, choose
 from .text import FolderTokenizer, StopText, TextDeltas
 
 
@@ -113,19 +116,41 @@ class TextGenerator:
         self.capacity = self.model.capacity if capacity is None else inputs.integer(capacity, "capacity", 1)
         self.prefill_chunk = inputs.integer(prefill_chunk, "prefill_chunk", 1)
         self.stop_tokens = tuple(self.model.sidecar.eos_token_ids)
+        if self.capacity > self.model.capacity:
+            raise CapacityError(f"capacity {self.capacity} is past the {self.model.capacity} tokens the folder was "
+                                "exported and validated for")
+        self.prefill_chunk = self._aligned_chunk(self.prefill_chunk)
         self.cache = None
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds, in order
+        # Leading cached positions a fresh request would compute the same way (_reuse): prompt
+        # positions prefilled exactly, or a sparse prefill's whole chunks; never reply tokens.
+        self.reusable = 0
         self._busy = threading.Lock()
 
     @property
     def context_used(self) -> int:
         return len(self.cached)
 
+    def _aligned_chunk(self, chunk: int) -> int:
+        """A sparse prefill's steps hold whole chunks of queries (chunk_size): its chunks then start
+        at multiples of chunk_size from position 0, as a fresh prefill's do, whatever was reused."""
+        if self.prefill != "sparse":
+            return chunk
+        size = self.model.sidecar.settings.chunk_size
+        return max(size, chunk // size * size)
+
     def reset(self) -> None:
-        """Forget the cached tokens (the next request prefills everything)."""
-        if self.cache is not None:
-            self.cache.reset()
-        self.cached = []
+        """Forget the cached tokens (the next request prefills everything). Refused (GeneratorBusyError)
+        while a stream is open: its cache is in use."""
+        if not self._busy.acquire(blocking=False):
+            raise GeneratorBusyError("a stream of this TextGenerator is open: read or close it before reset()")
+        try:
+            if self.cache is not None:
+                self.cache.reset()
+            self.cached = []
+            self.reusable = 0
+        finally:
+            self._busy.release()
 
     def sampling(self, prompt_tokens: int, sampling: Sampling | None = None, **options) -> Sampling:
         """The request's Sampling: `sampling`, or one from `options` (Sampling's fields, with
@@ -167,24 +192,46 @@ class TextGenerator:
         return stream.start(self._steps(stream, prompt, sampling, tuple(stop), on_prefill))
 
     def _reuse(self, prompt: list[int]) -> list[int]:
-        """Keep the cached tokens the prompt begins with (always leaving its last token to run, for
-        its logits); returns the tokens still to prefill."""
+        """Keep the cached tokens the prompt begins with, as far as they are reusable (always leaving
+        its last token to run, for its logits); returns the tokens still to prefill."""
         if self.cache is None or self.cache.capacity != self.capacity:
             self.cache = self.model.new_cache(1, self.capacity)
-            self.cached = []
+            self.cached, self.reusable = [], 0
         shared = 0
-        for cached, token in zip(self.cached, prompt[:-1]):
+        for cached, token in zip(self.cached[: self.reusable], prompt[:-1]):
             if cached != token:
                 break
             shared += 1
+        if self.prefill == "sparse":
+            # kept where this prompt's own sparse part would have computed it, on a chunk boundary
+            size = self.model.sidecar.settings.chunk_size
+            sparse_end = prefill_segments(len(prompt), "sparse")[0][0]
+            shared = min(shared, sparse_end) // size * size
         kept = self.model.truncate(self.cache, shared)
+        if self.prefill == "sparse" and kept % size:
+            kept = self.model.truncate(self.cache, kept // size * size)
         del self.cached[kept:]
+        self.reusable = min(self.reusable, kept)
         return prompt[kept:]
+
+    def _prefilled(self, prompt_length: int, kept: int) -> int:
+        """Leading positions reusable after prefilling a prompt of `prompt_length` tokens from `kept`:
+        an exact prefill's every one; a sparse one's whole chunks before its exact tail; none of a
+        per-token prefill's (a step's block bounds hold its later tokens' keys too, so its selections
+        depend on how the prompt was split into steps)."""
+        if self.prefill == "exact":
+            return prompt_length
+        if self.prefill == "per-token":
+            return 0
+        size = self.model.sidecar.settings.chunk_size
+        sparse_end = prefill_segments(prompt_length, "sparse")[0][0]
+        return max(kept, sparse_end // size * size)
 
     def _steps(self, stream: TextStream, prompt: list[int], sampling: Sampling, stop: tuple[str, ...],
                on_prefill) -> Iterator[str]:
         rest = self._reuse(prompt)
-        stream.usage.reused_tokens = len(prompt) - len(rest)
+        kept = len(prompt) - len(rest)
+        stream.usage.reused_tokens = kept
         logits, done = None, 0
         for end, step_mode in prefill_segments(len(rest), self.prefill):  # (a sparse prefill ends exactly)
             for start in range(done, end, self.prefill_chunk):
@@ -197,12 +244,16 @@ class TextGenerator:
                 if on_prefill is not None:
                     on_prefill(start + len(chunk), len(rest))
             done = end
+        self.reusable = self._prefilled(len(prompt), kept)
         rng = np.random.default_rng(sampling.seed)
+        history = TokenHistory([prompt], logits.shape[-1]) if sampling.penalised else None
         deltas, stops = TextDeltas(self.tokenizer), StopText(stop)
         for step in range(sampling.max_new_tokens):
             if stream.cancelled:
                 return
-            token = int(choose(logits[None], sampling, rng)[0])
+            token = int(choose(logits[None], sampling, rng, history)[0])
+            if history is not None:
+                history.add([token])
             stream.tokens.append(token)
             stream.usage.completion_tokens += 1
             if token in sampling.stop_tokens:

@@ -87,6 +87,13 @@ def test_streamed_deltas_join_to_the_decoded_text_and_never_split_a_character(se
     assert not any("\ufffd" in piece for piece in pieces)
 
 
+def test_a_long_near_miss_is_held_back_only_as_far_as_it_can_still_match():
+    stop = StopText(["a" * 255 + "b"] * 4)  # a naive matcher's worst case: every position a near miss
+    out = "".join(stop.add("a") for _ in range(2000))
+    assert out == "a" * (2000 - 255) and not stop.stopped
+    assert stop.add("b") == "" and stop.stopped
+
+
 def test_a_reply_cut_inside_a_character_ends_with_the_replacement_character():
     tokenizer = _tokenizer()
     ids = tokenizer.encode("a世", add_special_tokens=False)[:-1]  # the last byte of 世 missing
@@ -100,6 +107,8 @@ def test_a_reply_cut_inside_a_character_ends_with_the_replacement_character():
     (["ab", "c"], ["cd"], "abc"),                     # a held-back prefix that never completes is given out
     (["x<", "|e", "nd|>", "y"], ["<|end|>", "zz"], "x"),
     (["no stops"], [], "no stops"),
+    (["aab", "aac"], ["aaab", "aac"], "aab"),         # a partial match that fails falls back, not to zero
+    (["xab", "c"], ["abc", "b"], "xa"),               # the first stop string to end cuts the text
 ])
 def test_stop_strings_cut_the_text_before_them_and_hold_back_what_may_become_one(pieces, stops, given):
     stop = StopText(stops)
@@ -135,19 +144,74 @@ def test_a_request_reuses_the_cached_prefix_and_generates_what_a_fresh_generator
     first = generator.complete(prompt, max_new_tokens=12, stop_tokens=(TEXT_VOCAB - 1,))
     assert first.read() == tokenizer.decode(first.tokens) and first.tokens == expected[: len(first.tokens)]
     assert first.finish_reason in ("length", "stop") and first.usage.reused_tokens == 0
-    # The cache holds the prompt and every generated token but the last: a longer prompt reuses them.
+    # The cache holds the prompt and every generated token but the last; a longer prompt reuses the
+    # prompt's whole blocks only: sparse decode steps computed the reply's keys and values, which a
+    # fresh prefill of the longer prompt computes exactly.
     assert generator.cached == prompt + first.tokens[:-1]
+    block = model.sidecar.settings.block_size
     longer = prompt + first.tokens + tokenizer.encode("more")
     second = generator.complete(longer, max_new_tokens=4)
     second.read()
-    assert second.usage.reused_tokens == len(prompt) + len(first.tokens) - 1
+    assert second.usage.reused_tokens == len(prompt) // block * block
+    assert second.tokens == Generator(model).generate([longer], Sampling(max_new_tokens=4))[0]
     # A prompt that departs inside the prompt keeps whole blocks of the shared start only.
-    block = model.sidecar.settings.block_size
     departing = prompt[:11] + tokenizer.encode("zz")
     third = generator.complete(departing, max_new_tokens=6)
     third.read()
     assert third.usage.reused_tokens == 11 // block * block
     assert third.tokens == Generator(model).generate([departing], Sampling(max_new_tokens=6))[0]
+
+
+def _reply(generator: TextGenerator, prompt: list[int], tokens: int = 8) -> list[int]:
+    stream = generator.complete(prompt, max_new_tokens=tokens)
+    stream.read()
+    return stream.tokens
+
+
+@pytest.mark.parametrize("prefill", ["exact", "sparse"])
+def test_a_request_gets_the_tokens_a_fresh_generator_gives_whatever_ran_before_it(prefill):
+    """Greedy replies after a chat turn (whose reply the next prompt holds), after an unrelated
+    request, after the same request: each the fresh generator's, token for token, and so is what
+    the cache then holds. Layer 1 is sparse: the keys and values of layer 2 depend on how its
+    attention read the context (a sparse decode step's reply tokens differ from their exact prefill)."""
+    model = QuestModel(text_export(dense_layers=(0,)), threads=1)
+    block = model.sidecar.settings.block_size
+    rng = np.random.default_rng(21)
+    ids = lambda n: rng.integers(0, END_OF_TURN_ID, n).tolist()  # noqa: E731
+
+    def same_as_fresh(served: TextGenerator, prompt: list[int]) -> None:
+        """The reply's tokens, and every key, value and bound the cache holds after it, bit for bit."""
+        fresh = TextGenerator(model, prefill=prefill)
+        assert _reply(served, prompt) == _reply(fresh, prompt)
+        held = len(fresh.cached)
+        assert served.cached == fresh.cached
+        for name, array in fresh.cache.buffers.items():
+            length = -(-held // block) if "block" in name else held
+            np.testing.assert_array_equal(served.cache.buffers[name][:, :, :length], array[:, :, :length],
+                                          err_msg=name)
+
+    turn = ids(150)  # past a chunk of 64 queries and the 64-token exact tail: a sparse part to reuse
+    served = TextGenerator(model, prefill=prefill)
+    same_as_fresh(served, turn)
+    follow_up = turn + served.cached[len(turn):] + ids(9)  # the conversation again, one more turn
+    same_as_fresh(served, follow_up)
+    same_as_fresh(served, ids(60))  # an unrelated request in between
+    same_as_fresh(served, follow_up)
+    same_as_fresh(served, follow_up)  # the same request twice in a row
+
+
+def test_reused_positions_are_those_a_fresh_prefill_computes_the_same_way():
+    model = _model()
+    block, chunk = model.sidecar.settings.block_size, model.sidecar.settings.chunk_size
+    prompt = np.random.default_rng(22).integers(0, END_OF_TURN_ID, 150).tolist()
+    for prefill, reused in (("exact", len(prompt) // block * block),  # every exactly prefilled block
+                            ("sparse", (len(prompt) - 64) // chunk * chunk),  # whole chunks before the exact tail
+                            ("per-token", 0)):  # its selections depend on how the prompt was split into steps
+        generator = TextGenerator(model, prefill=prefill)
+        _reply(generator, prompt, 4)
+        again = generator.complete(prompt + [5, 6, 7] * 30, max_new_tokens=2)
+        again.read()
+        assert again.usage.reused_tokens == reused, prefill
 
 
 def test_replies_stop_at_the_models_end_of_turn_by_default_and_at_given_stop_tokens():
@@ -173,10 +237,22 @@ def test_requests_are_checked_first_and_one_stream_is_served_at_a_time():
     open_stream = generator.complete(prompt, max_new_tokens=3)
     with pytest.raises(GeneratorBusyError):
         generator.complete(prompt, max_new_tokens=3)
+    with pytest.raises(GeneratorBusyError, match="reset"):
+        generator.reset()  # would empty the cache under the open stream
     next(open_stream, None)
     open_stream.close()
     assert open_stream.finish_reason == "cancelled"
+    generator.reset()
     assert generator.complete(prompt, max_new_tokens=3).read() is not None
+
+
+def test_no_cache_longer_than_the_exported_capacity_can_be_made():
+    model = _model()
+    for make in (lambda: model.new_cache(1, 257), lambda: TextGenerator(model, capacity=257),
+                 lambda: Generator(model, capacity=257)):
+        with pytest.raises(CapacityError, match="past the 256 tokens|past the model's 256 tokens"):
+            make()
+    assert model.new_cache(1, 256).capacity == 256
 
 
 def test_a_cancelled_stream_stops_before_its_next_token_and_keeps_the_cache_consistent():
