@@ -15,6 +15,7 @@ import sys
 import time
 
 from ..runtime.generate import PREFILL_MODES
+from ..runtime.sampling import Sampling
 from .console import add_logging_flags, bar, configure_logging
 
 log = logging.getLogger("quest_ort")
@@ -24,11 +25,15 @@ CHAT_HELP = "/reset starts the conversation again, /exit (or Ctrl-D) leaves; Ctr
 PREFILL_BAR_TOKENS = 1024
 
 
+# `quest-ort chat`'s sampling flags: Sampling's fields (runtime/sampling.py), with its defaults.
+SAMPLING_FLAGS = (("temperature", float, "0 (the default): greedy"), ("top_p", float, None), ("top_k", int, None),
+                  ("min_p", float, None), ("presence_penalty", float, None), ("frequency_penalty", float, None),
+                  ("repetition_penalty", float, None), ("seed", int, None))
+
+
 def _sampling_options(args) -> dict:
-    options = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
-    if args.seed is not None:
-        options["seed"] = args.seed
-    return options
+    options = {name: getattr(args, name) for name, _, _ in SAMPLING_FLAGS if getattr(args, name) is not None}
+    return {**options, "max_new_tokens": args.max_new_tokens}
 
 
 class PrefillBar:
@@ -149,9 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     talk = commands.add_parser("chat", parents=[common], help="chat in the terminal", description=CHAT_HELP)
     talk.add_argument("--system", default=None, help="a system prompt")
     talk.add_argument("--max-new-tokens", type=int, default=512, help="longest reply (default 512)")
-    talk.add_argument("--temperature", type=float, default=0.0, help="0 (the default): greedy")
-    talk.add_argument("--top-p", type=float, default=1.0)
-    talk.add_argument("--seed", type=int, default=None)
+    for name, kind, help_text in SAMPLING_FLAGS:
+        default = getattr(Sampling, name)
+        talk.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
+                          help=help_text or ("default: none" if default is None else f"default {default}"))
     talk.set_defaults(run=chat)
 
     http = commands.add_parser("serve", parents=[common], help="an OpenAI-compatible HTTP server")

@@ -8,9 +8,13 @@
 Requests are queued, not batched: one worker thread runs them one after another, first come first
 served, over one TextGenerator (one cache of the folder's capacity). It keeps the tokens of the
 last request, so a client that sends its conversation again with one more turn prefills only the
-new turn. Each request is checked before it queues: a prompt plus max_tokens past the capacity,
-or a field this server does not implement (n > 1, logprobs, echo, tools...), is a 400 in OpenAI's
-error format naming it. A client that disconnects (streaming or not) stops its generation before the
+new turn (what it reuses is what a fresh server would compute the same way: runtime/chat.py). Each
+request is checked before it queues: a prompt plus max_tokens past the capacity, a sampling field
+out of its range, or a field this server does not implement (n > 1, logprobs, echo, tools...), is
+a 400 in OpenAI's error format naming it; every field is read, or changes nothing of the output
+(`user`, `metadata`, `store`), or is refused: none is accepted and ignored. Sampling: `temperature`,
+`top_p`, `top_k`, `min_p`, `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `seed`
+(runtime/sampling.py says how), `stop` (up to 4 strings of up to 256 characters). A client that disconnects (streaming or not) stops its generation before the
 next token, and the queue moves on.
 
 A long prompt's prefill shows its progress: a streaming response sends an SSE comment line
@@ -41,10 +45,23 @@ from ..runtime.generate import Sampling
 
 log = logging.getLogger("quest_ort.serve")
 
-# Fields of OpenAI's requests this server reads; others it accepts only at their default value.
-_UNSUPPORTED_UNLESS = {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "top_logprobs": None, "tools": None,
-                       "tool_choice": None, "functions": None, "function_call": None, "suffix": None,
-                       "logit_bias": None, "response_format": None}
+# Every field of a request is one of three kinds; any other is refused (a 400 naming it), never
+# accepted and ignored. Fields this server reads:
+_READ = frozenset({"model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+                   "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "seed", "stop"})
+# Fields that change nothing of the output (who asks, what to record about it):
+_NO_EFFECT = frozenset({"user", "metadata", "store"})
+# Fields accepted only at a value that asks for nothing more than what this server does:
+_ONLY_AT = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
+            "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+            "parallel_tool_calls": (False,), "suffix": ("",), "logit_bias": ({},),
+            "response_format": ({"type": "text"},), "modalities": (["text"],)}
+# Sampling fields of a request, by their name in the request and in Sampling (runtime/sampling.py).
+_SAMPLING_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "presence_penalty": float,
+                    "frequency_penalty": float, "repetition_penalty": float, "seed": int}
+STOP_STRINGS_MAX, STOP_CHARS_MAX = 4, 256  # OpenAI's count; a stop string is held back that long at most
+BODY_BYTES_MAX = 8 << 20  # a request body past it is refused (413) before it is parsed
 
 
 # How often a non-streaming request checks that its client is still there.
@@ -52,11 +69,15 @@ DISCONNECT_POLL_S = 0.25
 
 
 class RequestError(ValueError):
-    """A request this server refuses (HTTP 400), naming the field."""
+    """A request this server refuses (HTTP 400; 413 for a body too large), naming the field."""
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, kind: str = "invalid_request_error"):
         super().__init__(message)
-        self.param = param
+        self.param, self.kind = param, kind
+
+    @property
+    def status(self) -> int:
+        return 413 if self.kind == "too_large" else 400
 
 
 def _error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
@@ -117,9 +138,15 @@ class Server:
 
     def check(self, body: dict, prompt: list[int]) -> Job:
         """The request as a Job, or a RequestError (400) before it queues."""
-        for field, default in _UNSUPPORTED_UNLESS.items():
-            if body.get(field, default) not in (default, None):
-                raise RequestError(f"'{field}' = {body[field]!r} is not supported by this server", field)
+        for field, value in body.items():
+            if field in _READ or field in _NO_EFFECT or value is None:
+                continue
+            accepted = _ONLY_AT.get(field)
+            if accepted is None:
+                raise RequestError(f"'{field}' is not supported by this server", field)
+            if not any(type(value) is type(a) and value == a for a in accepted):
+                raise RequestError(f"'{field}' = {value!r:.80} is not supported by this server (only "
+                                   f"{' or '.join(map(repr, accepted))})", field)
         model = body.get("model")
         if model not in (None, self.name):
             raise RequestError(f"model {model!r} is not served here; this server serves {self.name!r}", "model")
@@ -137,14 +164,19 @@ class Server:
                                f"model's context of {capacity} tokens", limit_name)
         stop = body.get("stop")
         stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
-        if not (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)) or len(stop) > 4:
-            raise RequestError("'stop' must be a string or up to 4 strings", "stop")
+        if not (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)) or \
+                len(stop) > STOP_STRINGS_MAX or any(len(s) > STOP_CHARS_MAX for s in stop):
+            raise RequestError(f"'stop' must be a string or up to {STOP_STRINGS_MAX} strings of up to "
+                               f"{STOP_CHARS_MAX} characters", "stop")
+        options = {name: _number(body, name, None, kind) for name, kind in _SAMPLING_FIELDS.items()}
+        options["temperature"] = 1.0 if options["temperature"] is None else options["temperature"]  # OpenAI's default
         try:
             sampling = Sampling(max_new_tokens=room if max_tokens is None else max_tokens,
-                                temperature=_number(body, "temperature", 1.0), top_p=_number(body, "top_p", 1.0),
-                                seed=_number(body, "seed", None, int), stop_tokens=self.generator.stop_tokens)
-        except ValueError as error:
-            raise RequestError(str(error)) from error
+                                stop_tokens=self.generator.stop_tokens,
+                                **{name: value for name, value in options.items() if value is not None})
+        except ValueError as error:  # Sampling's messages start with the field's name
+            field = str(error).split()[0]
+            raise RequestError(str(error), field if field in _SAMPLING_FIELDS else None) from error
         return Job(prompt, sampling, tuple(stop))
 
     def run(self, job: Job, emit: Callable[[str | Progress], None]) -> TextStream | None:
@@ -218,11 +250,16 @@ def create_app(generator: TextGenerator, name: str):
     @app.exception_handler(RequestError)
     async def refused(request: Request, error: RequestError):
         log.info("refused: %s", error)
-        return JSONResponse(_error_body(str(error), error.param), status_code=400)
+        return JSONResponse(_error_body(str(error), error.param, error.kind), status_code=error.status)
 
     async def read_body(request: Request) -> dict:
+        data = bytearray()
+        async for part in request.stream():
+            data += part
+            if len(data) > BODY_BYTES_MAX:
+                raise RequestError(f"the body is past {BODY_BYTES_MAX >> 20} MiB", kind="too_large")
         try:
-            body = json.loads(await request.body())
+            body = json.loads(bytes(data))
         except ValueError as error:
             raise RequestError(f"the body is not JSON: {error}") from error
         if not isinstance(body, dict):
@@ -296,7 +333,9 @@ def create_app(generator: TextGenerator, name: str):
             return {"id": ident, "object": kind, "created": created, "model": name, "choices": [choice],
                     "usage": _usage(result)}
         options = body.get("stream_options") or {}
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        if not isinstance(options, dict) or not set(options) <= {"include_usage"}:
+            raise RequestError(f"'stream_options' takes only include_usage, got {options!r:.80}", "stream_options")
+        include_usage = bool(options.get("include_usage"))
         return StreamingResponse(events(job, ident, created, chat, include_usage), media_type="text/event-stream")
 
     async def until_disconnected(request: Request, job: Job, work):

@@ -111,7 +111,19 @@ def test_two_clients_at_once_each_get_their_own_reply(served):
     (dict(messages=[{"role": "user", "content": "word " * 400}]), "context"),  # the prompt alone
     (dict(n=2), "'n'"),
     (dict(temperature=-1), "temperature"),
+    (dict(temperature=1e6), "temperature"),
     (dict(model="gpt-4o"), "not served"),
+    (dict(logprobs=True), "logprobs"),
+    (dict(tool_choice="auto"), "tool_choice"),
+    (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
+    (dict(stop="x" * 257), "stop"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(extra_body={"top_k": -1}), "top_k"),
+    (dict(extra_body={"min_p": 1.5}), "min_p"),
+    (dict(extra_body={"repetition_penalty": 0}), "repetition_penalty"),
+    (dict(extra_body={"mirostat": 2}), "mirostat"),                   # a field this server does not know
+    (dict(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}), "stream_options"),
 ])
 def test_a_request_the_server_cannot_honour_is_a_400_naming_why(served, request_fields, named):
     url, _ = served
@@ -119,6 +131,46 @@ def test_a_request_the_server_cannot_honour_is_a_400_naming_why(served, request_
     with pytest.raises(openai.BadRequestError, match=named):
         client(url).chat.completions.create(**fields)
     assert ask(url, "Hi", 4).choices[0].message.content == expected_reply("Hi", 4)  # still serving
+
+
+def test_fields_at_the_value_that_asks_for_nothing_more_are_accepted(served):
+    url, _ = served
+    reply = ask(url, "Hi", 4, logprobs=False, tool_choice="none", response_format={"type": "text"}, user="u1", n=1)
+    assert reply.choices[0].message.content == expected_reply("Hi", 4)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(temperature=1.0, seed=3, extra_body={"top_k": 1}),               # one token left: the greedy reply
+    dict(temperature=1.0, seed=3, extra_body={"min_p": 1.0}),             # only the likeliest left: greedy too
+    dict(temperature=1.0, seed=3, top_p=0.5, extra_body={"top_k": 5, "min_p": 0.05}),
+    dict(temperature=0, presence_penalty=2.0, frequency_penalty=1.5),
+    dict(temperature=0, extra_body={"repetition_penalty": 5.0}),
+])
+def test_every_sampling_field_reaches_the_sampler(served, fields):
+    """The server's reply is the library's with the same fields (runtime/sampling.py, tested there
+    against their definitions); the cuts that leave one token give the greedy reply."""
+    url, _ = served
+    body = dict(fields)
+    extra = body.pop("extra_body", {})
+    reply = client(url).chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi there"}],
+                                                max_tokens=12, extra_body=extra, **body).choices[0].message.content
+    generator = TextGenerator(text_model())
+    prompt = generator.tokenizer.encode_chat([{"role": "user", "content": "Hi there"}])
+    assert reply == generator.complete(prompt, max_new_tokens=12, **body, **extra).read()
+    if extra.get("top_k") == 1 or extra.get("min_p") == 1.0:
+        assert reply == expected_reply("Hi there", 12)
+
+
+def test_penalties_change_a_greedy_reply_that_repeats_itself(served):
+    url, _ = served
+    plain = ask(url, "Hi there", 24).choices[0].message.content
+    generator = TextGenerator(text_model())
+    prompt = generator.tokenizer.encode_chat([{"role": "user", "content": "Hi there"}])
+    tokens = generator.complete(prompt, max_new_tokens=24)
+    tokens.read()
+    assert len(set(tokens.tokens)) < len(tokens.tokens), "the greedy reply repeats no token: pick another question"
+    assert ask(url, "Hi there", 24, frequency_penalty=2.0).choices[0].message.content != plain
+    assert ask(url, "Hi there", 24, extra_body={"repetition_penalty": 10.0}).choices[0].message.content != plain
 
 
 class SlowPrefillModel(SlowModel):
