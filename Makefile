@@ -21,7 +21,7 @@ CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
 # its serve and test extras).
 BUILD_DEPS := "scikit-build-core>=0.11" cmake ninja
 RUN_DEPS := "numpy>=1.24" "onnx>=1.17" "onnxruntime>=1.21" "onnxscript>=0.7.2,<0.8" "tokenizers>=0.15" "jinja2>=3.1" \
-	"tqdm>=4.60" "fastapi>=0.110" "uvicorn>=0.29" "pytest>=8" "hypothesis>=6" "openai>=1.30"
+	"tqdm>=4.60" "fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "pytest>=8" "hypothesis>=6" "openai>=1.30"
 
 $(DEPS): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

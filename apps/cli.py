@@ -113,8 +113,12 @@ def chat(args, read_line=input, write=sys.stdout.write) -> int:
 def serve(args) -> int:
     if args.replicas > 1:
         return serve_replicas(args)
-    from .serve import serve as run_server
-
+    try:
+        from .serve import serve as run_server
+    except ModuleNotFoundError as error:  # a wheel installed without its serve extra
+        log.error("quest-ort serve needs the serve extra (%s is not installed): pip install 'quest-ort[serve]'",
+                  error.name)
+        return 2
     run_server(args.folder, host=args.host, port=args.port, name=args.name, threads=args.threads,
                prefill=args.prefill, log_level="debug" if args.verbose else "warning" if args.quiet else "info")
     return 0

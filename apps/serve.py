@@ -4,6 +4,7 @@
     POST /v1/completions        a text prompt -> its continuation
     GET  /v1/models             the one model served
     GET  /health                {"status": "ok", "busy": ..., "queued": ..., "prefill": ..., "pid": ...}
+    GET  /metrics               Prometheus metrics: requests, tokens, prefill and decode seconds, queue
 
 Requests are queued, not batched: one worker thread runs them one after another, first come first
 served, over one TextGenerator (one cache of the folder's capacity). It keeps the tokens of the
@@ -38,10 +39,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request  # the serve extra (pyproject.toml); module level: FastAPI resolves the
-from fastapi.responses import JSONResponse, StreamingResponse  # handlers' annotations in this module
+from fastapi.responses import JSONResponse, Response, StreamingResponse  # handlers' annotations in this module
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from ..runtime.chat import TextGenerator, TextStream
-from ..runtime.generate import Sampling
+from ..runtime.chat import LOGPROBS_MAX, TextGenerator, TextStream, TokenLogprob
+from ..runtime.sampling import Sampling
 
 log = logging.getLogger("quest_ort.serve")
 
@@ -49,12 +51,11 @@ log = logging.getLogger("quest_ort.serve")
 # accepted and ignored. Fields this server reads:
 _READ = frozenset({"model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
                    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty", "seed", "stop"})
+                   "repetition_penalty", "seed", "stop", "logprobs", "top_logprobs"})
 # Fields that change nothing of the output (who asks, what to record about it):
 _NO_EFFECT = frozenset({"user", "metadata", "store"})
 # Fields accepted only at a value that asks for nothing more than what this server does:
-_ONLY_AT = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
-            "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+_ONLY_AT = {"n": (1,), "best_of": (1,), "echo": (False,), "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
             "parallel_tool_calls": (False,), "suffix": ("",), "logit_bias": ({},),
             "response_format": ({"type": "text"},), "modalities": (["text"],)}
 # Sampling fields of a request, by their name in the request and in Sampling (runtime/sampling.py).
@@ -109,12 +110,19 @@ class Progress:
         self.done, self.total = done, total
 
 
+class Delta:
+    """Reply text as it comes, with the log-probabilities of the tokens it adds (when asked for)."""
+
+    def __init__(self, text: str, logprobs: list[TokenLogprob]):
+        self.text, self.logprobs = text, logprobs
+
+
 class Job:
     """One checked request: its prompt ids and generation settings, how to cancel it, and how far
     its prefill went."""
 
-    def __init__(self, prompt: list[int], sampling: Sampling, stop: tuple[str, ...]):
-        self.prompt, self.sampling, self.stop = prompt, sampling, stop
+    def __init__(self, prompt: list[int], sampling: Sampling, stop: tuple[str, ...], logprobs: int | None):
+        self.prompt, self.sampling, self.stop, self.logprobs = prompt, sampling, stop, logprobs
         self.cancelled = threading.Event()
         self.stream: TextStream | None = None
         self.prefill: Progress | None = None  # None until its first prefill step ends
@@ -130,13 +138,14 @@ class Server:
 
     def __init__(self, generator: TextGenerator, name: str):
         self.generator, self.name = generator, name
+        self.metrics = Metrics(self)
         self.created = int(time.time())
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="quest-ort-serve")
         self._lock = threading.Lock()
         self.queued = 0  # requests accepted and not finished
         self.current: Job | None = None  # the request the worker runs
 
-    def check(self, body: dict, prompt: list[int]) -> Job:
+    def check(self, body: dict, prompt: list[int], chat: bool) -> Job:
         """The request as a Job, or a RequestError (400) before it queues."""
         for field, value in body.items():
             if field in _READ or field in _NO_EFFECT or value is None:
@@ -177,10 +186,10 @@ class Server:
         except ValueError as error:  # Sampling's messages start with the field's name
             field = str(error).split()[0]
             raise RequestError(str(error), field if field in _SAMPLING_FIELDS else None) from error
-        return Job(prompt, sampling, tuple(stop))
+        return Job(prompt, sampling, tuple(stop), _logprobs(body, chat))
 
-    def run(self, job: Job, emit: Callable[[str | Progress], None]) -> TextStream | None:
-        """Runs `job` on the worker thread (queued behind earlier ones), calling emit(delta) per
+    def run(self, job: Job, emit: Callable[[Delta | Progress], None]) -> TextStream | None:
+        """Runs `job` on the worker thread (queued behind earlier ones), calling emit(Delta) per
         delta, and emit(Progress) after each prefill step; the finished TextStream, or None when
         cancelled before it started."""
         if job.cancelled.is_set():
@@ -192,12 +201,18 @@ class Server:
             emit(job.prefill)
 
         try:
-            job.stream = self.generator.complete(job.prompt, job.sampling, stop=job.stop, on_prefill=prefilled)
+            job.stream = self.generator.complete(job.prompt, job.sampling, stop=job.stop, on_prefill=prefilled,
+                                                 logprobs=job.logprobs)
             if job.cancelled.is_set():
                 job.stream.cancel()
+            sent = 0  # the stream's logprobs given out with earlier deltas
             with job.stream:
-                for delta in job.stream:
-                    emit(delta)
+                for text in job.stream:
+                    emit(Delta(text, job.stream.logprobs[sent:]))
+                    sent = len(job.stream.logprobs)
+            if sent < len(job.stream.logprobs):  # tokens whose text was held back, then cut by a stop string
+                emit(Delta("", job.stream.logprobs[sent:]))
+            self.metrics.finished(job.stream)
             return job.stream
         finally:
             self.current = None
@@ -212,7 +227,7 @@ class Server:
         progress = job.prefill if job is not None else None
         return None if progress is None else {"done": progress.done, "total": progress.total}
 
-    async def submit(self, job: Job, emit: Callable[[str | Progress], None]) -> TextStream | None:
+    async def submit(self, job: Job, emit: Callable[[Delta | Progress], None]) -> TextStream | None:
         with self._lock:
             self.queued += 1
         try:
@@ -229,10 +244,92 @@ class Server:
             job.cancel()
 
 
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Alternatives per token the reply's log-probabilities carry (None: none asked for): chat's
+    `logprobs` (true) and `top_logprobs` (0 to 20); /v1/completions' legacy integer is refused."""
+    wants = body.get("logprobs")
+    if not chat:
+        if wants is not None:
+            raise RequestError("'logprobs' is not supported on /v1/completions (/v1/chat/completions gives them)",
+                               "logprobs")
+        if body.get("top_logprobs") is not None:
+            raise RequestError("'top_logprobs' is a chat completion field", "top_logprobs")
+        return None
+    if wants is not None and not isinstance(wants, bool):
+        raise RequestError(f"'logprobs' must be true or false, got {wants!r:.40}", "logprobs")
+    top = _number(body, "top_logprobs", None, int)
+    if top is not None and not 0 <= top <= LOGPROBS_MAX:
+        raise RequestError(f"'top_logprobs' must be in [0, {LOGPROBS_MAX}], got {top}", "top_logprobs")
+    if top is not None and not wants:
+        raise RequestError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if wants else None
+
+
+def _logprob_content(tokenizer, entries: list[TokenLogprob]) -> list[dict]:
+    """OpenAI's chat `logprobs.content` for `entries`: each token's text, its UTF-8 bytes, logprob
+    and top alternatives."""
+    def described(token: int, logprob: float) -> dict:
+        text = tokenizer.decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return [{**described(e.token, e.logprob), "top_logprobs": [described(t, lp) for t, lp in e.top]} for e in entries]
+
+
 def _usage(stream: TextStream) -> dict:
     u = stream.usage
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens}
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.reused_tokens}}
+
+
+def _timings(stream: TextStream) -> dict:
+    """The reply's timings as llama.cpp's server gives them (prompt: the tokens prefilled)."""
+    u = stream.usage
+    prompt_n, predicted_n = u.prompt_tokens - u.reused_tokens, u.completion_tokens
+    prompt_ms, predicted_ms = u.prefill_seconds * 1e3, u.decode_seconds * 1e3
+
+    def rates(n: int, ms: float) -> tuple[float | None, float | None]:
+        return (ms / n if n else None), (n / ms * 1e3 if ms > 0 else None)
+
+    (prompt_per_token, prompt_per_second), (predicted_per_token, predicted_per_second) = (
+        rates(prompt_n, prompt_ms), rates(predicted_n, predicted_ms))
+    return {"cache_n": u.reused_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_per_token, "prompt_per_second": prompt_per_second,
+            "predicted_n": predicted_n, "predicted_ms": predicted_ms, "predicted_per_token_ms": predicted_per_token,
+            "predicted_per_second": predicted_per_second}
+
+
+class Metrics:
+    """The server's Prometheus metrics (GET /metrics), in a registry of its own."""
+
+    def __init__(self, server: Server):
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.requests = Counter("quest_ort_requests", "requests answered, by how they ended", ["finish_reason"],
+                                registry=registry)
+        self.refused = Counter("quest_ort_requests_refused", "requests refused before they queued (400, 413)",
+                               registry=registry)
+        self.prompt_tokens = Counter("quest_ort_prompt_tokens", "prompt tokens of answered requests",
+                                     registry=registry)
+        self.cached_tokens = Counter("quest_ort_prompt_cached_tokens",
+                                     "prompt tokens the cache already held (prefix-cache hits)", registry=registry)
+        self.generated_tokens = Counter("quest_ort_generated_tokens", "tokens generated", registry=registry)
+        self.prefill_seconds = Counter("quest_ort_prefill_seconds", "seconds in prefill steps", registry=registry)
+        self.decode_seconds = Counter("quest_ort_decode_seconds", "seconds in decode steps and sampling",
+                                      registry=registry)
+        waiting = Gauge("quest_ort_requests_waiting", "requests queued behind the running one", registry=registry)
+        waiting.set_function(lambda: max(0, server.queued - server.busy))
+        busy = Gauge("quest_ort_slots_busy", "slots running a request (this server has one)", registry=registry)
+        busy.set_function(lambda: int(server.busy))
+
+    def finished(self, stream: TextStream) -> None:
+        u = stream.usage
+        self.requests.labels(stream.finish_reason or "cancelled").inc()
+        self.prompt_tokens.inc(u.prompt_tokens)
+        self.cached_tokens.inc(u.reused_tokens)
+        self.generated_tokens.inc(u.completion_tokens)
+        self.prefill_seconds.inc(u.prefill_seconds)
+        self.decode_seconds.inc(u.decode_seconds)
 
 
 def create_app(generator: TextGenerator, name: str):
@@ -250,6 +347,7 @@ def create_app(generator: TextGenerator, name: str):
     @app.exception_handler(RequestError)
     async def refused(request: Request, error: RequestError):
         log.info("refused: %s", error)
+        server.metrics.refused.inc()
         return JSONResponse(_error_body(str(error), error.param, error.kind), status_code=error.status)
 
     async def read_body(request: Request) -> dict:
@@ -272,6 +370,10 @@ def create_app(generator: TextGenerator, name: str):
         return {"status": "ok", "model": name, "busy": server.busy, "queued": server.queued,
                 "prefill": server.prefill_progress(), "prefill_mode": generator.prefill,
                 "context_used": generator.context_used, "capacity": generator.capacity, "pid": os.getpid()}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():
@@ -314,7 +416,7 @@ def create_app(generator: TextGenerator, name: str):
         return await respond(request, body, ids, chat=False)
 
     async def respond(request: Request, body: dict, prompt: list[int], chat: bool):
-        job = server.check(body, prompt)
+        job = server.check(body, prompt, chat)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError("'stream' must be true or false", "stream")
@@ -328,15 +430,26 @@ def create_app(generator: TextGenerator, name: str):
             choice = {"index": 0, "finish_reason": result.finish_reason}
             if chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
+                choice["logprobs"] = None if job.logprobs is None else {
+                    "content": _logprob_content(generator.tokenizer, result.logprobs)}
             else:
                 choice.update(text=result.text, logprobs=None)
+            log_request(ident, result)
             return {"id": ident, "object": kind, "created": created, "model": name, "choices": [choice],
-                    "usage": _usage(result)}
+                    "usage": _usage(result), "timings": _timings(result)}
         options = body.get("stream_options") or {}
         if not isinstance(options, dict) or not set(options) <= {"include_usage"}:
             raise RequestError(f"'stream_options' takes only include_usage, got {options!r:.80}", "stream_options")
         include_usage = bool(options.get("include_usage"))
         return StreamingResponse(events(job, ident, created, chat, include_usage), media_type="text/event-stream")
+
+    def log_request(ident: str, result: TextStream) -> None:
+        """One structured line per answered request (JSON after the message: a log reader parses it)."""
+        u = result.usage
+        log.info("request %s", json.dumps({
+            "id": ident, "finish_reason": result.finish_reason, "prompt_tokens": u.prompt_tokens,
+            "cached_tokens": u.reused_tokens, "completion_tokens": u.completion_tokens,
+            "prefill_s": round(u.prefill_seconds, 4), "decode_s": round(u.decode_seconds, 4)}))
 
     async def until_disconnected(request: Request, job: Job, work):
         """`work`'s result, cancelling the job should the client go away first (a non-streaming
@@ -353,13 +466,21 @@ def create_app(generator: TextGenerator, name: str):
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(delta: dict | None = None, text: str | None = None, finish: str | None = None,
-                  usage: dict | None = None) -> str:
-            choices = [] if usage is not None else [
-                {"index": 0, "finish_reason": finish, **({"delta": delta or {}} if chat else
-                                                          {"text": text or "", "logprobs": None})}]
-            event = {"id": ident, "object": kind, "created": created, "model": name, "choices": choices}
+                  usage: dict | None = None, logprobs: list[TokenLogprob] | None = None,
+                  timings: dict | None = None) -> str:
+            choice = {"index": 0, "finish_reason": finish}
+            if chat:
+                choice["delta"] = delta or {}
+                if job.logprobs is not None:
+                    choice["logprobs"] = {"content": _logprob_content(generator.tokenizer, logprobs or [])}
+            else:
+                choice.update(text=text or "", logprobs=None)
+            event = {"id": ident, "object": kind, "created": created, "model": name,
+                     "choices": [] if usage is not None else [choice]}
             if usage is not None:
                 event["usage"] = usage
+            if timings is not None:
+                event["timings"] = timings
             return f"data: {json.dumps(event)}\n\n"
 
         loop = asyncio.get_running_loop()
@@ -375,14 +496,15 @@ def create_app(generator: TextGenerator, name: str):
                 if isinstance(item, Progress):  # an SSE comment: clients skip it, a reader sees the prefill
                     yield f": prefill {item.done}/{item.total}\n\n"
                 else:
-                    yield chunk(delta={"content": item}, text=item)
+                    yield chunk(delta={"content": item.text}, text=item.text, logprobs=item.logprobs)
             try:
                 result = task.result()
             except Exception as error:  # a failed step: said in the stream, as OpenAI does, then ended
                 log.exception("%s: generation failed", ident)
                 yield f"data: {json.dumps(_error_body(f'generation failed: {error}', kind='server_error'))}\n\n"
                 return
-            yield chunk(delta={}, finish=result.finish_reason)
+            log_request(ident, result)
+            yield chunk(delta={}, finish=result.finish_reason, timings=_timings(result))
             if include_usage:
                 yield chunk(usage=_usage(result))
             yield "data: [DONE]\n\n"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -46,11 +47,33 @@ def _model(model) -> QuestModel:
     return model
 
 
+LOGPROBS_MAX = 20  # alternatives per token, as OpenAI's top_logprobs
+
+
 @dataclasses.dataclass
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reused_tokens: int = 0  # prompt tokens the cache already held (not prefilled again)
+    prefill_seconds: float = 0.0  # in the model's prefill steps
+    decode_seconds: float = 0.0  # in the decode steps and the sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model's distribution (the step's raw logits,
+    before penalties, temperature and cuts, as vLLM reports them), and the `top` likeliest tokens'."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    shifted = logits.astype(np.float64) - logits.max()
+    logprobs = shifted - np.log(np.exp(shifted).sum())
+    best = np.argsort(-logprobs, kind="stable")[:top]
+    return TokenLogprob(token, float(logprobs[token]), tuple((int(t), float(logprobs[t])) for t in best))
 
 
 class TextStream(Stream):
@@ -68,6 +91,7 @@ class TextStream(Stream):
         self.usage = usage
         self.text = ""
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] = []  # with complete(logprobs=...): per token of the reply
         self.finish_reason: str | None = None
         self._cancel = threading.Event()
 
@@ -168,14 +192,19 @@ class TextGenerator:
 
     def complete(self, prompt: Sequence[int], sampling: Sampling | None = None, *, stop: Sequence[str] = (),
                  on_prefill: Callable[[int, int], None] | None = None,
-                 on_finish: Callable[[TextStream], None] | None = None, **options) -> TextStream:
+                 on_finish: Callable[[TextStream], None] | None = None, logprobs: int | None = None,
+                 **options) -> TextStream:
         """A TextStream of the text generated after the token ids `prompt`.
 
         Everything is checked here, before anything runs: a bad argument is a ValueError, a prompt
         plus max_new_tokens past the capacity a CapacityError, a request while another stream is
         open a GeneratorBusyError; the cache is untouched. `stop`: strings that end the reply (not
-        included in it). `on_prefill(done, total)`: called after each prefill chunk."""
+        included in it). `on_prefill(done, total)`: called after each prefill chunk. `logprobs`: None,
+        or the stream records each reply token's TokenLogprob with that many alternatives (0 to
+        LOGPROBS_MAX; the end-of-turn token that stops it is not part of the reply)."""
         prompt = inputs.prompts([prompt], self.model.vocab_size)[0].tolist()
+        if logprobs is not None:
+            logprobs = inputs.integer(logprobs, "logprobs", 0, LOGPROBS_MAX)
         sampling = self.sampling(len(prompt), sampling, **options)
         on_prefill = check_progress(on_prefill)
         if isinstance(stop, str):
@@ -189,7 +218,7 @@ class TextGenerator:
             raise GeneratorBusyError("a stream of this TextGenerator is open: read or close it first, or use "
                                      "another TextGenerator (they may share one QuestModel)")
         stream = TextStream(Usage(prompt_tokens=len(prompt)), self._busy.release, on_finish)
-        return stream.start(self._steps(stream, prompt, sampling, tuple(stop), on_prefill))
+        return stream.start(self._steps(stream, prompt, sampling, tuple(stop), on_prefill, logprobs))
 
     def _reuse(self, prompt: list[int]) -> list[int]:
         """Keep the cached tokens the prompt begins with, as far as they are reusable (always leaving
@@ -228,18 +257,21 @@ class TextGenerator:
         return max(kept, sparse_end // size * size)
 
     def _steps(self, stream: TextStream, prompt: list[int], sampling: Sampling, stop: tuple[str, ...],
-               on_prefill) -> Iterator[str]:
+               on_prefill, logprobs: int | None) -> Iterator[str]:
         rest = self._reuse(prompt)
         kept = len(prompt) - len(rest)
-        stream.usage.reused_tokens = kept
+        usage = stream.usage
+        usage.reused_tokens = kept
         logits, done = None, 0
         for end, step_mode in prefill_segments(len(rest), self.prefill):  # (a sparse prefill ends exactly)
             for start in range(done, end, self.prefill_chunk):
                 if stream.cancelled:
                     return
                 chunk = rest[start : min(start + self.prefill_chunk, end)]
+                began = time.perf_counter()
                 logits = self.model.step(self.cache, np.array([chunk], np.int64), exact=step_mode == "exact",
                                          chunked=step_mode == "sparse", last_logits=1)[0, -1]
+                usage.prefill_seconds += time.perf_counter() - began
                 self.cached.extend(chunk)
                 if on_prefill is not None:
                     on_prefill(start + len(chunk), len(rest))
@@ -251,14 +283,18 @@ class TextGenerator:
         for step in range(sampling.max_new_tokens):
             if stream.cancelled:
                 return
+            began = time.perf_counter()
             token = int(choose(logits[None], sampling, rng, history)[0])
+            usage.decode_seconds += time.perf_counter() - began
             if history is not None:
                 history.add([token])
             stream.tokens.append(token)
-            stream.usage.completion_tokens += 1
+            usage.completion_tokens += 1
             if token in sampling.stop_tokens:
                 stream.finish_reason = "stop"
                 break
+            if logprobs is not None:
+                stream.logprobs.append(token_logprobs(logits, token, logprobs))
             text = stops.add(deltas.add(token))
             if text:
                 yield text
@@ -267,7 +303,9 @@ class TextGenerator:
                 return
             if step + 1 == sampling.max_new_tokens:
                 break
+            began = time.perf_counter()
             logits = self.model.step(self.cache, np.array([[token]], np.int64))[0, -1]
+            usage.decode_seconds += time.perf_counter() - began
             self.cached.append(token)
         text = stops.add(deltas.finish())
         text += stops.finish()

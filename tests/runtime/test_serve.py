@@ -113,7 +113,8 @@ def test_two_clients_at_once_each_get_their_own_reply(served):
     (dict(temperature=-1), "temperature"),
     (dict(temperature=1e6), "temperature"),
     (dict(model="gpt-4o"), "not served"),
-    (dict(logprobs=True), "logprobs"),
+    (dict(top_logprobs=3), "top_logprobs"),                           # without logprobs: true
+    (dict(logprobs=True, top_logprobs=21), "top_logprobs"),
     (dict(tool_choice="auto"), "tool_choice"),
     (dict(response_format={"type": "json_object"}), "response_format"),
     (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
@@ -131,6 +132,47 @@ def test_a_request_the_server_cannot_honour_is_a_400_naming_why(served, request_
     with pytest.raises(openai.BadRequestError, match=named):
         client(url).chat.completions.create(**fields)
     assert ask(url, "Hi", 4).choices[0].message.content == expected_reply("Hi", 4)  # still serving
+
+
+def test_logprobs_are_the_models_distribution_over_the_reply_streamed_or_not(served):
+    url, _ = served
+    plain = ask(url, "Hi there", 8, logprobs=True, top_logprobs=3).choices[0]
+    streamed = list(client(url).chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "Hi there"}], max_tokens=8, temperature=0, stream=True,
+        logprobs=True, top_logprobs=3))
+    content = plain.logprobs.content
+    assert [e.token for e in content] == [e.token for c in streamed if c.choices and c.choices[0].logprobs
+                                          for e in c.choices[0].logprobs.content]
+    generator = TextGenerator(text_model())
+    prompt = generator.tokenizer.encode_chat([{"role": "user", "content": "Hi there"}])
+    expected = generator.complete(prompt, max_new_tokens=8, logprobs=3)
+    assert "".join(e.token for e in content) == expected.read() == plain.message.content
+    for entry, mine in zip(content, expected.logprobs, strict=True):
+        assert entry.logprob == mine.logprob <= 0.0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob == entry.logprob  # greedy: the chosen token is the likeliest
+        assert entry.bytes == list(entry.token.encode("utf-8"))
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client(url).completions.create(model=NAME, prompt="Once", max_tokens=2, logprobs=2)
+
+
+def test_usage_timings_and_metrics_count_the_prefix_the_cache_held(served):
+    url, _ = served
+    question = "Tell me about caches"
+    first = ask(url, question, 4)
+    again = client(url).chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": question}], max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens == again.usage.prompt_tokens
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached < again.usage.prompt_tokens  # the prompt's whole blocks but its last token's
+    timings = again.model_extra["timings"]
+    assert timings["cache_n"] == cached and timings["prompt_n"] == again.usage.prompt_tokens - cached
+    assert timings["predicted_n"] == again.usage.completion_tokens and timings["predicted_ms"] > 0
+    metrics = get(url, "/metrics", text=True)
+    values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line and not line.startswith("#")}
+    assert values["quest_ort_prompt_cached_tokens_total"] >= cached
+    assert values["quest_ort_generated_tokens_total"] >= 8 and values["quest_ort_slots_busy"] == 0
+    assert values["quest_ort_requests_refused_total"] >= 0 and values["quest_ort_prefill_seconds_total"] > 0
 
 
 def test_fields_at_the_value_that_asks_for_nothing_more_are_accepted(served):

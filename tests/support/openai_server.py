@@ -35,9 +35,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read())
+def get(url: str, path: str = "", text: bool = False):
+    """GET url + path: its JSON, or with `text` its body as text."""
+    with urllib.request.urlopen(url + path, timeout=10) as response:
+        body = response.read()
+    return body.decode() if text else json.loads(body)
 
 
 def client(url: str):
