@@ -196,7 +196,8 @@ def main(argv=None) -> int:
         if drift is not None:
             print(f"validation of the {drift.what}: relative logit error vs the float source = "
                   f"{drift.relative_error:.3f} (tolerance {drift.tolerance:.3g}), max |logit difference| "
-                  f"{drift.max_abs_diff:.3g}")
+                  f"{drift.max_abs_diff:.3g}, spread {drift.spread_ratio:.3f} and correlation {drift.correlation:.3f} "
+                  "of the source's")
     if isinstance(report.genai, list):
         print(f"onnxruntime-genai: {GENAI_CONFIG_FILE} and {GENAI_MODEL_FILE} (og.Model(\"{report.output}\"))")
     elif report.genai is not None:

@@ -164,6 +164,23 @@ def test_tiny_families_and_the_baseline_quantize_to_int4_and_validate(family, at
     assert len(tokens) == 6
 
 
+@pytest.mark.parametrize("kind", ["constant", "unrelated"])
+def test_logits_that_carry_no_information_are_refused_whatever_the_tolerance(kind, monkeypatch):
+    """Logits near-constant over the vocabulary drift by a relative error of about 1, inside int4's
+    1.2: the spread and correlation checks refuse them (and unrelated logits of the same spread)."""
+    rng = np.random.default_rng(3)
+    expected = rng.standard_normal((4, 256)) * 3.0
+    got = {"constant": expected.mean(-1, keepdims=True) + 0.01 * rng.standard_normal((4, 256)),
+           "unrelated": rng.standard_normal((4, 256)) * 3.0}[kind]
+    total = validate.LogitErrorSum()
+    total.add(got, expected)
+    assert (total.value < WEIGHT_TOLERANCES["int4"]) == (kind == "constant")  # the tolerance alone lets it pass
+    monkeypatch.setitem(validate.WEIGHT_TOLERANCES, "int4", 10.0)  # whatever the tolerance says
+    monkeypatch.setattr(validate, "_comparisons", lambda source, quest: iter([("a step", got, expected)]))
+    with pytest.raises(ExportError, match="carry little of the source's information"):
+        validate.validate_drift(None, default_export("int4")[0])
+
+
 def test_a_drift_beyond_the_tolerance_fails_the_export_naming_it(tmp_path, monkeypatch):
     """Never silently wrong: an int4 export measured above its bound stops with the measure, the
     bound and where it is set, and writes nothing."""
