@@ -81,6 +81,16 @@ class KVCache:
     def batch(self) -> int:
         return int(self.lengths.shape[0])
 
+    def row(self, b: int) -> KVCache:
+        """Row b as a cache of batch 1 over the same memory (its arrays, lengths and OrtValues are
+        views): a step on it reads and writes that row alone, as a step of batch 1 would (a slot's
+        prompt prefilled without running the other rows' padding through the model)."""
+        b = integer(b, "row", 0, self.batch - 1)
+        view = lambda array: array[b : b + 1]  # noqa: E731 (contiguous: the OrtValue wraps it, no copy)
+        buffers = {name: view(array) for name, array in self.buffers.items()}
+        return KVCache(self.capacity, view(self.lengths), tuple(layer.map(view) for layer in self.layers), buffers,
+                       {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in buffers.items()})
+
     def reset(self) -> None:
         """Forget every row's tokens (the buffers stay allocated; stale content is never read,
         except the accumulated block importance, which starts again from zero)."""

@@ -177,7 +177,7 @@ def test_a_request_gets_the_tokens_a_fresh_generator_gives_whatever_ran_before_i
     model = QuestModel(text_export(dense_layers=(0,)), threads=1)
     block = model.sidecar.settings.block_size
     rng = np.random.default_rng(21)
-    ids = lambda n: rng.integers(0, END_OF_TURN_ID, n).tolist()  # noqa: E731
+    ids = lambda n: rng.integers(END_OF_TURN_ID + 1, TEXT_VOCAB, n).tolist()  # noqa: E731
 
     def same_as_fresh(served: TextGenerator, prompt: list[int]) -> None:
         """The reply's tokens, and every key, value and bound the cache holds after it, bit for bit."""
@@ -203,7 +203,7 @@ def test_a_request_gets_the_tokens_a_fresh_generator_gives_whatever_ran_before_i
 def test_reused_positions_are_those_a_fresh_prefill_computes_the_same_way():
     model = _model()
     block, chunk = model.sidecar.settings.block_size, model.sidecar.settings.chunk_size
-    prompt = np.random.default_rng(22).integers(0, END_OF_TURN_ID, 150).tolist()
+    prompt = np.random.default_rng(22).integers(END_OF_TURN_ID + 1, TEXT_VOCAB, 150).tolist()
     for prefill, reused in (("exact", len(prompt) // block * block),  # every exactly prefilled block
                             ("sparse", (len(prompt) - 64) // chunk * chunk),  # whole chunks before the exact tail
                             ("per-token", 0)):  # its selections depend on how the prompt was split into steps

@@ -1,0 +1,287 @@
+"""Slots: up to N replies generated at once over one cache of N rows, the decode steps batched.
+
+    cache rows:   row 0  [prompt A ...........|reply A ..]      (a slot per row)
+                  row 1  [prompt B ....|reply B ..]
+                  row 2  [what an ended request left]           (idle: kept for prefix reuse)
+    a round:      one prefill chunk of one slot (batch 1: the row's own view of the cache)
+                  one decode step of every slot with a token to feed (batch N, idle rows masked)
+
+Prompts and decode steps interleave, so a long prompt delays the others' tokens by one chunk per
+token, not by its whole prefill. Each reply keeps its own sampler state (seeded generator,
+penalties' history), stop strings and log-probabilities.
+
+A slot keeps the tokens its row holds when its reply ends. A new request goes to the free slot
+whose tokens share its longest reusable prefix (else the one used least recently). Reusable are only
+the positions a fresh request computes the same way: the prompt positions an exact prefill wrote
+(with prefill="sparse", the whole chunks of its sparse part before its exact tail; with
+"per-token", none: a step's block bounds hold its later tokens' keys, so its selections depend on
+how the prompt was split into steps), never a reply's tokens, whose keys and values sparse decode
+steps computed. The prefix is kept back to a metadata block (QuestModel.truncate).
+
+Whatever ran before, a request's prompt is prefilled as on a fresh slot (batch 1, the same steps,
+the same bits). Its decode steps share a batch with the other slots: the model's weights are read
+once for every row; each row's attention reads its own row only. runtime/chat.py's TextGenerator
+drives the slots; `quest-ort serve --parallel N` runs N of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .generate import prefill_segments
+from .model import KVCache
+from .sampling import Sampling, TokenHistory, choose
+from .text import StopText, TextDeltas
+
+LOGPROBS_MAX = 20  # alternatives per token, as OpenAI's top_logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model's distribution (the step's raw logits,
+    before penalties, temperature and cuts, as vLLM reports them), and the `top` likeliest tokens'."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    shifted = logits.astype(np.float64) - logits.max()
+    logprobs = shifted - np.log(np.exp(shifted).sum())
+    best = np.argsort(-logprobs, kind="stable")[:top]
+    return TokenLogprob(token, float(logprobs[token]), tuple((int(t), float(logprobs[t])) for t in best))
+
+
+@dataclasses.dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens the cache already held (not prefilled again)
+    prefill_seconds: float = 0.0  # in the model's prefill steps
+    decode_seconds: float = 0.0  # in the decode steps (shared with the batch's other rows) and the sampler
+
+
+class Reply:
+    """One request's generation in a slot: what is left of its prompt to prefill, its sampler, its
+    stop strings; the text it produced and not yet handed out (`pending`), and how it ended."""
+
+    def __init__(self, prompt: list[int], sampling: Sampling, stop: tuple[str, ...], logprobs: int | None,
+                 on_prefill: Callable[[int, int], None] | None, tokenizer):
+        self.prompt, self.sampling, self.logprobs, self.on_prefill = prompt, sampling, logprobs, on_prefill
+        self.usage = Usage(prompt_tokens=len(prompt))
+        self.tokens: list[int] = []
+        self.token_logprobs: list[TokenLogprob] = []
+        self.pending: list[str] = []  # text produced, not yet taken
+        self.finish_reason: str | None = None  # set when it ends
+        self.cancelled = threading.Event()
+        self.rest: list[int] = []  # the prompt tokens to prefill (set when a slot takes it)
+        self.fed = 0  # of them, prefilled
+        self.logits: np.ndarray | None = None  # the last step's, for the next token
+        self.feed: int | None = None  # the token the next decode step feeds
+        self._rng = np.random.default_rng(sampling.seed)
+        self._history: TokenHistory | None = None
+        self._deltas, self._stops = TextDeltas(tokenizer), StopText(stop)
+
+    @property
+    def ended(self) -> bool:
+        return self.finish_reason is not None
+
+    def end(self, reason: str) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+
+    def advance(self) -> None:
+        """Choose the next token from `logits`: record it, produce its text, and either end (an
+        end-of-turn token, a stop string, max_new_tokens) or leave it to feed (`feed`)."""
+        sampling, logits = self.sampling, self.logits
+        if sampling.max_new_tokens == 0:
+            self._finish("length")
+            return
+        began = time.perf_counter()
+        if self._history is None and sampling.penalised:
+            self._history = TokenHistory([self.prompt], logits.shape[-1])
+        token = int(choose(logits[None], sampling, self._rng, self._history)[0])
+        self.usage.decode_seconds += time.perf_counter() - began
+        if self._history is not None:
+            self._history.add([token])
+        self.tokens.append(token)
+        self.usage.completion_tokens += 1
+        if token in sampling.stop_tokens:
+            self._finish("stop")
+            return
+        if self.logprobs is not None:
+            self.token_logprobs.append(token_logprobs(logits, token, self.logprobs))
+        text = self._stops.add(self._deltas.add(token))
+        if text:
+            self.pending.append(text)
+        if self._stops.stopped:
+            self.end("stop")
+        elif len(self.tokens) == sampling.max_new_tokens:
+            self._finish("length")
+        else:
+            self.feed = token
+
+    def _finish(self, reason: str) -> None:
+        """The end of the text: what the decoder and the stop strings held back, then the reason."""
+        text = self._stops.add(self._deltas.finish())
+        text += self._stops.finish()
+        if text:
+            self.pending.append(text)
+        self.end("stop" if self._stops.stopped else reason)
+
+
+@dataclasses.dataclass
+class Slot:
+    """A row of the cache: the tokens it holds, how many of them a new request may reuse, and the
+    reply it runs (None: free)."""
+
+    row: int
+    cache: KVCache  # the row's view (batch 1)
+    cached: list[int] = dataclasses.field(default_factory=list)
+    reusable: int = 0
+    reply: Reply | None = None
+    used: int = 0  # when it last took a request (for the least recently used)
+
+
+class Slots:
+    """N slots over one cache of N rows; `run_round` advances every running reply."""
+
+    def __init__(self, model, count: int, capacity: int, prefill: str, prefill_chunk: int):
+        self.model, self.prefill, self.prefill_chunk = model, prefill, prefill_chunk
+        self.cache = model.new_cache(count, capacity)
+        self.slots = [Slot(row, self.cache if count == 1 else self.cache.row(row)) for row in range(count)]
+        self.lock = threading.Lock()  # one round at a time; taken by whoever drives the slots
+        self._clock = 0
+        self._turn = 0  # the slot whose prefill goes first in the next round
+
+    @property
+    def running(self) -> list[Slot]:
+        return [slot for slot in self.slots if slot.reply is not None]
+
+    def take(self, reply: Reply) -> Slot | None:
+        """A free slot for `reply` (None: every slot runs one): the one whose reusable tokens share
+        the prompt's longest beginning, else the least recently used. Keeps what it can reuse."""
+        free = [slot for slot in self.slots if slot.reply is None]
+        if not free:
+            return None
+        slot = max(free, key=lambda s: (self._keepable(s, reply.prompt), -s.used))
+        self._clock += 1
+        slot.used, slot.reply = self._clock, reply
+        kept = self._reuse(slot, reply.prompt)
+        reply.rest = reply.prompt[kept:]
+        reply.usage.reused_tokens = kept
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        """The slot's reply ended (or was abandoned): the slot is free, its tokens kept."""
+        if slot.reply is not None:
+            slot.reply.end("cancelled")
+            slot.reply = None
+
+    @staticmethod
+    def _shared(slot: Slot, prompt: list[int]) -> int:
+        shared = 0
+        for cached, token in zip(slot.cached[: slot.reusable], prompt[:-1]):
+            if cached != token:
+                break
+            shared += 1
+        return shared
+
+    def _reusable_prefix(self, slot: Slot, prompt: list[int]) -> int:
+        """The slot's reusable tokens the prompt begins with (always leaving its last token to run,
+        for its logits), with a sparse prefill where this prompt's own sparse part would have
+        computed them, on a chunk boundary."""
+        shared = self._shared(slot, prompt)
+        if self.prefill == "sparse":
+            size = self.model.sidecar.settings.chunk_size
+            shared = min(shared, prefill_segments(len(prompt), "sparse")[0][0]) // size * size
+        return shared
+
+    def _keepable(self, slot: Slot, prompt: list[int]) -> int:
+        """What _reuse would keep (a metadata block's worth at least, or nothing)."""
+        block = self.model.sidecar.settings.block_size
+        return self._reusable_prefix(slot, prompt) // block * block
+
+    def _reuse(self, slot: Slot, prompt: list[int]) -> int:
+        """Keep the slot's reusable prefix of the prompt (back to a metadata block, QuestModel.truncate);
+        returns how many tokens."""
+        size = self.model.sidecar.settings.chunk_size
+        kept = self.model.truncate(slot.cache, self._reusable_prefix(slot, prompt))
+        if self.prefill == "sparse" and kept % size:
+            kept = self.model.truncate(slot.cache, kept // size * size)
+        del slot.cached[kept:]
+        slot.reusable = min(slot.reusable, kept)
+        return kept
+
+    def _reusable_after_prefill(self, prompt_length: int, kept: int) -> int:
+        if self.prefill == "exact":
+            return prompt_length
+        if self.prefill == "per-token":
+            return 0
+        size = self.model.sidecar.settings.chunk_size
+        return max(kept, prefill_segments(prompt_length, "sparse")[0][0] // size * size)
+
+    def run_round(self) -> None:
+        """One prefill chunk of one slot (in turns), then one decode step of every slot with a token
+        to feed. Cancelled replies end first; a reply that ends frees its slot."""
+        for slot in self.running:
+            if slot.reply.cancelled.is_set():
+                self.release(slot)
+        prefilling = [slot for slot in self.running if slot.reply.logits is None]
+        if prefilling:
+            slot = min(prefilling, key=lambda s: (s.row - self._turn) % len(self.slots))
+            self._turn = (slot.row + 1) % len(self.slots)
+            self._prefill_chunk(slot)
+        decoding = [slot for slot in self.running if slot.reply.feed is not None]
+        if decoding:
+            self._decode(decoding)
+        for slot in self.running:
+            if slot.reply.ended:
+                slot.reply = None
+
+    def _prefill_chunk(self, slot: Slot) -> None:
+        reply = slot.reply
+        kept = len(reply.prompt) - len(reply.rest)
+        for end, mode in prefill_segments(len(reply.rest), self.prefill):  # (a sparse prefill ends exactly)
+            if reply.fed < end:
+                break
+        chunk = reply.rest[reply.fed : min(reply.fed + self.prefill_chunk, end)]
+        began = time.perf_counter()
+        logits = self.model.step(slot.cache, np.array([chunk], np.int64), exact=mode == "exact",
+                                 chunked=mode == "sparse", last_logits=1)[0, -1]
+        reply.usage.prefill_seconds += time.perf_counter() - began
+        slot.cached.extend(chunk)
+        reply.fed += len(chunk)
+        if reply.on_prefill is not None:
+            reply.on_prefill(reply.fed, len(reply.rest))
+        if reply.fed == len(reply.rest):
+            slot.reusable = self._reusable_after_prefill(len(reply.prompt), kept)
+            reply.logits = logits
+            reply.advance()
+
+    def _decode(self, decoding: list[Slot]) -> None:
+        cache = self.cache
+        for slot in self.slots:  # an idle row at the capacity has no room for the step's masked position
+            if slot.reply is None and slot.cache.lengths[0] >= cache.capacity:
+                self.model.truncate(slot.cache, int(slot.cache.lengths[0]) - 1)
+                del slot.cached[int(slot.cache.lengths[0]):]
+                slot.reusable = min(slot.reusable, len(slot.cached))
+        ids = np.zeros((cache.batch, 1), np.int64)
+        valid = np.zeros(cache.batch, np.int32)
+        for slot in decoding:
+            ids[slot.row, 0], valid[slot.row] = slot.reply.feed, 1
+        began = time.perf_counter()
+        logits = self.model.step(cache, ids, valid=valid)[:, 0]
+        seconds = time.perf_counter() - began
+        for slot in decoding:
+            reply = slot.reply
+            slot.cached.append(reply.feed)
+            reply.feed, reply.logits = None, logits[slot.row]
+            reply.usage.decode_seconds += seconds
+            reply.advance()
