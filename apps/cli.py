@@ -120,7 +120,8 @@ def serve(args) -> int:
                   error.name)
         return 2
     run_server(args.folder, host=args.host, port=args.port, name=args.name, threads=args.threads,
-               prefill=args.prefill, log_level="debug" if args.verbose else "warning" if args.quiet else "info")
+               prefill=args.prefill, log_level="debug" if args.verbose else "warning" if args.quiet else "info",
+               parallel=args.parallel, queue=args.queue)
     return 0
 
 
@@ -140,6 +141,13 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _not_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
 
 
@@ -171,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--replicas", type=_positive, default=1,
                       help="N > 1: N processes, each with its own session and cache, behind one address (Ray Serve, "
                            "the replicas extra; --threads is then per replica, default the cores shared out)")
+    http.add_argument("--parallel", type=_positive, default=None,
+                      help="requests run at once, each in a slot (a row of the cache), their decode steps batched "
+                           "(default: the slots whose caches fit in half the available memory, at most 4)")
+    http.add_argument("--queue", type=_not_negative, default=64,
+                      help="requests that may wait for a slot (default 64); past them a 503 with Retry-After")
     http.set_defaults(run=serve)
     return parser
 

@@ -3,24 +3,29 @@
     POST /v1/chat/completions   messages -> reply (the folder's chat template), streamed with `stream`
     POST /v1/completions        a text prompt -> its continuation
     GET  /v1/models             the one model served
-    GET  /health                {"status": "ok", "busy": ..., "queued": ..., "prefill": ..., "pid": ...}
+    GET  /health                {"status": "ok", "busy": ..., "slots": ..., "slots_busy": ..., "queued": ...,
+                                 "prefill": ..., "pid": ...}
     GET  /metrics               Prometheus metrics: requests, tokens, prefill and decode seconds, queue
 
-Requests are queued, not batched: one worker thread runs them one after another, first come first
-served, over one TextGenerator (one cache of the folder's capacity). It keeps the tokens of the
-last request, so a client that sends its conversation again with one more turn prefills only the
-new turn (what it reuses is what a fresh server would compute the same way: runtime/chat.py). Each
-request is checked before it queues: a prompt plus max_tokens past the capacity, a sampling field
-out of its range, or a field this server does not implement (n > 1, logprobs, echo, tools...), is
-a 400 in OpenAI's error format naming it; every field is read, or changes nothing of the output
-(`user`, `metadata`, `store`), or is refused: none is accepted and ignored. Sampling: `temperature`,
-`top_p`, `top_k`, `min_p`, `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `seed`
-(runtime/sampling.py says how), `stop` (up to 4 strings of up to 256 characters). A client that disconnects (streaming or not) stops its generation before the
-next token, and the queue moves on.
+Requests run in slots (`--parallel N`, runtime/slots.py): N rows of one cache, each running one
+request, every decode step one batch of the running rows, and prompt chunks interleaved with those
+steps; requests beyond N wait, first come first served, up to `--queue` of them (past that a 503
+with `Retry-After`). A request goes to the free slot whose tokens share its longest prefix, so a
+client that sends its conversation again with one more turn prefills only what the slot cannot
+reuse: only what a fresh server would compute the same way (never a reply's sparse-decoded tokens),
+so a request gets the same reply whatever ran before it. Each request is checked before it queues:
+a prompt plus max_tokens past the capacity, a sampling field out of its range, or a field this
+server does not implement (n > 1, echo, tools...), is a 400 in OpenAI's error format naming it;
+every field is read, or changes nothing of the output (`user`, `metadata`, `store`), or is
+refused: none is accepted and ignored. Sampling: `temperature`, `top_p`, `top_k`, `min_p`,
+`presence_penalty`, `frequency_penalty`, `repetition_penalty`, `seed` (runtime/sampling.py says
+how), `stop` (up to 4 strings of up to 256 characters); chat `logprobs` and `top_logprobs`. A
+client that disconnects (streaming or not) stops its generation before the next token, and its
+slot takes the next request.
 
 A long prompt's prefill shows its progress: a streaming response sends an SSE comment line
 `: prefill DONE/TOTAL` after each prefill step (clients skip comment lines; a raw reader sees the
-first token coming), and `/health` gives the running request's `"prefill": {"done", "total"}`.
+first token coming), and `/health` gives a running request's `"prefill": {"done", "total"}`.
 `quest-ort serve --prefill sparse` prefills prompts in chunks that select their blocks
 (runtime/generate.py).
 """
@@ -37,6 +42,8 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+
+import numpy as np
 
 from fastapi import FastAPI, Request  # the serve extra (pyproject.toml); module level: FastAPI resolves the
 from fastapi.responses import JSONResponse, Response, StreamingResponse  # handlers' annotations in this module
@@ -63,6 +70,8 @@ _SAMPLING_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "min_p":
                     "frequency_penalty": float, "repetition_penalty": float, "seed": int}
 STOP_STRINGS_MAX, STOP_CHARS_MAX = 4, 256  # OpenAI's count; a stop string is held back that long at most
 BODY_BYTES_MAX = 8 << 20  # a request body past it is refused (413) before it is parsed
+DEFAULT_QUEUE = 64  # requests that may wait for a slot (--queue); past them a 503 with Retry-After
+RETRY_AFTER_S = 1
 
 
 # How often a non-streaming request checks that its client is still there.
@@ -133,17 +142,25 @@ class Job:
             self.stream.cancel()
 
 
-class Server:
-    """The model, its one TextGenerator and the worker thread that runs requests in turn."""
+class QueueFullError(RuntimeError):
+    """Every slot runs a request and the queue holds as many as it may (HTTP 503, Retry-After)."""
 
-    def __init__(self, generator: TextGenerator, name: str):
+
+class Server:
+    """The model, its TextGenerator of N slots and N worker threads, one per running request (each
+    reads its stream; whichever holds the slots' lock runs the round that advances them all)."""
+
+    def __init__(self, generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE):
         self.generator, self.name = generator, name
+        self.slots = len(generator.slots.slots)
+        self.queue = queue  # requests that may wait for a slot
         self.metrics = Metrics(self)
         self.created = int(time.time())
-        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="quest-ort-serve")
+        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=self.slots,
+                                                             thread_name_prefix="quest-ort-serve")
         self._lock = threading.Lock()
-        self.queued = 0  # requests accepted and not finished
-        self.current: Job | None = None  # the request the worker runs
+        self.queued = 0  # requests accepted and not finished (running or waiting)
+        self.running: list[Job] = []  # in the order they started
 
     def check(self, body: dict, prompt: list[int], chat: bool) -> Job:
         """The request as a Job, or a RequestError (400) before it queues."""
@@ -194,7 +211,8 @@ class Server:
         cancelled before it started."""
         if job.cancelled.is_set():
             return None
-        self.current = job
+        with self._lock:
+            self.running.append(job)
 
         def prefilled(done: int, total: int) -> None:
             job.prefill = Progress(done, total)
@@ -215,20 +233,29 @@ class Server:
             self.metrics.finished(job.stream)
             return job.stream
         finally:
-            self.current = None
+            with self._lock:
+                self.running.remove(job)
 
     @property
-    def busy(self) -> bool:
-        return self.current is not None
+    def busy(self) -> int:
+        """Slots running a request."""
+        return len(self.running)
 
     def prefill_progress(self) -> dict | None:
-        """How far the running request's prefill went: {"done", "total"} tokens, or None."""
-        job = self.current
-        progress = job.prefill if job is not None else None
-        return None if progress is None else {"done": progress.done, "total": progress.total}
+        """How far the prefill of the earliest running request still prefilling went: {"done", "total"}
+        tokens, or None."""
+        with self._lock:
+            for job in self.running:
+                progress = job.prefill
+                if progress is not None and progress.done < progress.total:
+                    return {"done": progress.done, "total": progress.total}
+        return None
 
     async def submit(self, job: Job, emit: Callable[[Delta | Progress], None]) -> TextStream | None:
+        """Runs the job in a slot, waiting in the queue for one; QueueFullError when the queue is full."""
         with self._lock:
+            if self.queued >= self.slots + self.queue:
+                raise QueueFullError(f"all {self.slots} slots are busy and {self.queue} requests wait; try again")
             self.queued += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(self._worker, self.run, job, emit)
@@ -237,10 +264,11 @@ class Server:
                 self.queued -= 1
 
     def close(self) -> None:
-        """Refuse what is queued and stop the running request before its next token."""
+        """Refuse what is queued and stop the running requests before their next token."""
         self._worker.shutdown(wait=False, cancel_futures=True)
-        job = self.current
-        if job is not None:
+        with self._lock:
+            running = list(self.running)
+        for job in running:
             job.cancel()
 
 
@@ -319,8 +347,11 @@ class Metrics:
                                       registry=registry)
         waiting = Gauge("quest_ort_requests_waiting", "requests queued behind the running one", registry=registry)
         waiting.set_function(lambda: max(0, server.queued - server.busy))
-        busy = Gauge("quest_ort_slots_busy", "slots running a request (this server has one)", registry=registry)
-        busy.set_function(lambda: int(server.busy))
+        busy = Gauge("quest_ort_slots_busy", "slots running a request", registry=registry)
+        busy.set_function(lambda: server.busy)
+        Gauge("quest_ort_slots", "slots (requests run at once)", registry=registry).set(server.slots)
+        self.queue_full = Counter("quest_ort_requests_queue_full", "requests refused with a 503: the queue was full",
+                                  registry=registry)
 
     def finished(self, stream: TextStream) -> None:
         u = stream.usage
@@ -332,9 +363,10 @@ class Metrics:
         self.decode_seconds.inc(u.decode_seconds)
 
 
-def create_app(generator: TextGenerator, name: str):
-    """The FastAPI app serving `generator`'s model as `name`."""
-    server = Server(generator, name)
+def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE):
+    """The FastAPI app serving `generator`'s model as `name`: as many requests at once as it has
+    slots, up to `queue` more waiting."""
+    server = Server(generator, name, queue)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -343,6 +375,13 @@ def create_app(generator: TextGenerator, name: str):
 
     app = FastAPI(title="quest-ort", lifespan=lifespan)
     app.state.server = server
+
+    @app.exception_handler(QueueFullError)
+    async def queue_full(request: Request, error: QueueFullError):
+        log.info("refused: %s", error)
+        server.metrics.queue_full.inc()
+        return JSONResponse(_error_body(str(error), kind="server_busy"), status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, error: RequestError):
@@ -367,7 +406,8 @@ def create_app(generator: TextGenerator, name: str):
     @app.get("/health")
     async def health():
         # pid: which process answered, when replicas (apps/replicas.py) share one address
-        return {"status": "ok", "model": name, "busy": server.busy, "queued": server.queued,
+        return {"status": "ok", "model": name, "busy": server.busy > 0, "slots": server.slots,
+                "slots_busy": server.busy, "queued": server.queued,
                 "prefill": server.prefill_progress(), "prefill_mode": generator.prefill,
                 "context_used": generator.context_used, "capacity": generator.capacity, "pid": os.getpid()}
 
@@ -516,10 +556,26 @@ def create_app(generator: TextGenerator, name: str):
     return app
 
 
+DEFAULT_PARALLEL_MOST = 4  # --parallel's default at most: on a few cores more rows add little to a step's output
+
+
+def default_parallel(model, capacity: int) -> int:
+    """--parallel's default: the slots whose caches (each of `capacity` tokens) fit in half the memory
+    available now, at most DEFAULT_PARALLEL_MOST, at least 1."""
+    from ..model_folder.cache import cache_layout
+
+    per_slot = sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+                   for layer in cache_layout(model.sidecar, 1, capacity) for _, spec in layer.items())
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+    return max(1, min(DEFAULT_PARALLEL_MOST, int(available // 2 // max(1, per_slot))))
+
+
 def serve(folder, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, threads: int | None = None,
-          prefill: str = "exact", log_level: str = "info") -> None:
+          prefill: str = "exact", log_level: str = "info", parallel: int | None = None,
+          queue: int = DEFAULT_QUEUE) -> None:
     """Load the folder and serve it until interrupted; `prefill`: how prompts are prefilled
-    ("exact", "sparse", "per-token": runtime/generate.py)."""
+    ("exact", "sparse", "per-token": runtime/generate.py); `parallel` slots (default_parallel when
+    None), `queue` requests waiting for one."""
     import pathlib
 
     import uvicorn
@@ -527,8 +583,10 @@ def serve(folder, *, host: str = "127.0.0.1", port: int = 8000, name: str | None
     from ..runtime.model import QuestModel
 
     folder = pathlib.Path(folder)
-    generator = TextGenerator(QuestModel(folder, threads=threads), prefill=prefill)
-    app = create_app(generator, name or folder.resolve().name)
-    log.info("serving %s as %r on http://%s:%d/v1 (capacity %d tokens, %s prefill; requests queued, one at a time)",
-             folder, app.state.server.name, host, port, generator.capacity, generator.prefill)
+    model = QuestModel(folder, threads=threads)
+    slots = default_parallel(model, model.capacity) if parallel is None else parallel
+    generator = TextGenerator(model, prefill=prefill, slots=slots)
+    app = create_app(generator, name or folder.resolve().name, queue)
+    log.info("serving %s as %r on http://%s:%d/v1 (capacity %d tokens, %s prefill; %d slot(s), %d more may wait)",
+             folder, app.state.server.name, host, port, generator.capacity, generator.prefill, slots, queue)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -4,10 +4,13 @@ streaming, two clients at once, requests past the capacity, a client that leaves
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -39,9 +42,9 @@ class SlowModel:
 
 
 @contextlib.contextmanager
-def running(generator: TextGenerator):
+def running(generator: TextGenerator, **options):
     """The app on uvicorn in a thread, on a free port of 127.0.0.1; yields (base URL, app)."""
-    app = create_app(generator, NAME)
+    app = create_app(generator, NAME, **options)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -213,6 +216,76 @@ def test_penalties_change_a_greedy_reply_that_repeats_itself(served):
     assert len(set(tokens.tokens)) < len(tokens.tokens), "the greedy reply repeats no token: pick another question"
     assert ask(url, "Hi there", 24, frequency_penalty=2.0).choices[0].message.content != plain
     assert ask(url, "Hi there", 24, extra_body={"repetition_penalty": 10.0}).choices[0].message.content != plain
+
+
+def test_clients_at_once_share_the_slots_decode_steps_and_each_gets_its_reply_alone():
+    """Three slots, three streaming clients: every first token comes before any reply ends (their
+    decode steps are one batch), and each reply is the one a fresh single-slot generator gives."""
+    questions = QUESTIONS[:3]
+    slow = SlowModel(text_model(), pause=0.02)
+    with running(TextGenerator(slow, slots=3)) as (url, app):
+        times: dict[str, list[float]] = {}
+        texts: dict[str, str] = {}
+
+        def run(question):
+            started, chunks, stamps = time.monotonic(), [], []
+            for chunk in ask(url, question, 40, stream=True):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    chunks.append(chunk.choices[0].delta.content)
+                    stamps.append(time.monotonic() - started)
+            texts[question], times[question] = "".join(chunks), stamps
+
+        threads = [threading.Thread(target=run, args=(q,)) for q in questions]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert get(url, "/health")["slots"] == 3
+    assert texts == {q: expected_reply(q, 40) for q in questions}
+    assert max(stamps[0] for stamps in times.values()) < min(stamps[-1] for stamps in times.values())
+
+
+def test_a_request_past_the_slots_and_the_queue_is_a_503_with_retry_after():
+    slow = SlowModel(text_model(), pause=0.05)
+    with running(TextGenerator(slow), queue=0) as (url, app):
+        stream = ask(url, QUESTIONS[0], 40, stream=True)
+        next(iter(stream))  # the one slot is busy
+        request = urllib.request.Request(f"{url}/v1/chat/completions", method="POST",
+                                         headers={"Content-Type": "application/json"},
+                                         data=json.dumps({"messages": [{"role": "user", "content": "Hi"}]}).encode())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "1"
+        assert "slots are busy" in json.loads(refused.value.read())["error"]["message"]
+        stream.close()
+
+
+def test_a_request_gets_the_same_reply_on_a_fresh_server_and_after_any_history():
+    """Greedy chat turns on a model whose layer 1 is sparse: a conversation resent with its reply and
+    one more turn, asked on a fresh server and after other requests in both slots, is answered alike,
+    to the bits of its log-probabilities (reusing the reply's sparse-decoded keys changes them)."""
+    model = QuestModel(text_export(dense_layers=(0,)), threads=1)
+
+    def conversation(url) -> list[dict]:
+        first = ask(url, "Hello there", 16).choices[0].message.content
+        return [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": first},
+                {"role": "user", "content": "Tell me a story about a cache"}]
+
+    def answer(url, messages) -> tuple[str, list[float]]:
+        """The reply and its tokens' log-probabilities: equal floats, not only equal text."""
+        choice = client(url).chat.completions.create(model=NAME, max_tokens=24, temperature=0, logprobs=True,
+                                                     messages=messages).choices[0]
+        return choice.message.content, [entry.logprob for entry in choice.logprobs.content]
+
+    with running(TextGenerator(model, slots=2)) as (url, app):
+        messages = conversation(url)
+    with running(TextGenerator(model, slots=2)) as (url, app):
+        fresh = answer(url, messages)
+    with running(TextGenerator(model, slots=2)) as (url, app):
+        assert conversation(url) == messages  # its reply, then the turn: the cache holds the reply's tokens
+        assert answer(url, messages) == fresh
+        replies_at_once(url, QUESTIONS[:2], 12)  # unrelated requests, in both slots
+        assert answer(url, messages) == fresh
 
 
 class SlowPrefillModel(SlowModel):
