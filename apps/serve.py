@@ -225,9 +225,9 @@ class Server:
                 job.stream.cancel()
             sent = 0  # the stream's logprobs given out with earlier deltas
             with job.stream:
-                for text in job.stream:
-                    emit(Delta(text, job.stream.logprobs[sent:]))
-                    sent = len(job.stream.logprobs)
+                for text in job.stream:  # each delta with the logprobs of the tokens it adds
+                    emit(Delta(text, job.stream.logprobs[sent : job.stream.logprobs_given]))
+                    sent = job.stream.logprobs_given
             if sent < len(job.stream.logprobs):  # tokens whose text was held back, then cut by a stop string
                 emit(Delta("", job.stream.logprobs[sent:]))
             self.metrics.finished(job.stream)

@@ -64,6 +64,7 @@ class TextStream(Stream):
         self.text = ""
         self.tokens: list[int] = reply.tokens
         self.logprobs: list[TokenLogprob] = reply.token_logprobs  # with complete(logprobs=...): per reply token
+        self.logprobs_given = 0  # of them, those of the tokens whose text the deltas so far hold
 
     @property
     def finish_reason(self) -> str | None:
@@ -202,19 +203,20 @@ class TextGenerator:
             raise GeneratorBusyError("every slot of this TextGenerator runs an open stream: read or close one first, "
                                      "or use another TextGenerator (they may share one QuestModel)")
         stream = TextStream(reply, lambda: self._free(slot, reply), on_finish)
-        return stream.start(self._texts(reply))
+        return stream.start(self._texts(reply, stream))
 
     def _free(self, slot: Slot, reply: Reply) -> None:
         with self._state, self.slots.lock:
             if slot.reply is reply:
                 self.slots.release(slot)
 
-    def _texts(self, reply: Reply) -> Iterator[str]:
+    def _texts(self, reply: Reply, stream: TextStream) -> Iterator[str]:
         """The reply's text as it comes: rounds of every slot's work (under the slots' lock) until
         it has text to give or has ended."""
         while True:
             if reply.pending:
-                yield reply.pending.pop(0)
+                text, stream.logprobs_given = reply.pending.pop(0)
+                yield text
             elif reply.ended:
                 return
             else:

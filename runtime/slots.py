@@ -77,7 +77,8 @@ class Reply:
         self.usage = Usage(prompt_tokens=len(prompt))
         self.tokens: list[int] = []
         self.token_logprobs: list[TokenLogprob] = []
-        self.pending: list[str] = []  # text produced, not yet taken
+        # text produced, not yet taken, each with the count of token_logprobs up to its last token
+        self.pending: list[tuple[str, int]] = []
         self.finish_reason: str | None = None  # set when it ends
         self.cancelled = threading.Event()
         self.rest: list[int] = []  # the prompt tokens to prefill (set when a slot takes it)
@@ -119,7 +120,7 @@ class Reply:
             self.token_logprobs.append(token_logprobs(logits, token, self.logprobs))
         text = self._stops.add(self._deltas.add(token))
         if text:
-            self.pending.append(text)
+            self.pending.append((text, len(self.token_logprobs)))
         if self._stops.stopped:
             self.end("stop")
         elif len(self.tokens) == sampling.max_new_tokens:
@@ -132,7 +133,7 @@ class Reply:
         text = self._stops.add(self._deltas.finish())
         text += self._stops.finish()
         if text:
-            self.pending.append(text)
+            self.pending.append((text, len(self.token_logprobs)))
         self.end("stop" if self._stops.stopped else reason)
 
 
