@@ -121,7 +121,7 @@ def serve(args) -> int:
         return 2
     run_server(args.folder, host=args.host, port=args.port, name=args.name, threads=args.threads,
                prefill=args.prefill, log_level="debug" if args.verbose else "warning" if args.quiet else "info",
-               parallel=args.parallel, queue=args.queue)
+               parallel=args.parallel, queue=args.queue, slot_save_path=args.slot_save_path)
     return 0
 
 
@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: the slots whose caches fit in half the available memory, at most 4)")
     http.add_argument("--queue", type=_not_negative, default=64,
                       help="requests that may wait for a slot (default 64); past them a 503 with Retry-After")
+    http.add_argument("--slot-save-path", type=pathlib.Path, default=None,
+                      help="a folder for POST /slots/ID?action=save|restore (llama.cpp's endpoints): a slot's cached "
+                           "tokens written to and read from a file there, checked against this model folder")
     http.set_defaults(run=serve)
     return parser
 

@@ -6,6 +6,8 @@
     GET  /health                {"status": "ok", "busy": ..., "slots": ..., "slots_busy": ..., "queued": ...,
                                  "prefill": ..., "pid": ...}
     GET  /metrics               Prometheus metrics: requests, tokens, prefill and decode seconds, queue
+    GET  /slots                 the slots: tokens cached, reusable, busy
+    POST /slots/ID?action=save  {"filename": NAME}: the slot's cache to --slot-save-path/NAME (restore: back)
 
 Requests run in slots (`--parallel N`, runtime/slots.py): N rows of one cache, each running one
 request, every decode step one batch of the running rows, and prompt chunks interleaved with those
@@ -38,6 +40,7 @@ import contextlib
 import json
 import logging
 import os
+import pathlib
 import threading
 import time
 import uuid
@@ -50,6 +53,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse  # handl
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from ..runtime.chat import LOGPROBS_MAX, TextGenerator, TextStream, TokenLogprob
+from ..runtime.generate import GeneratorBusyError
+from ..runtime.slots import SlotFileError
 from ..runtime.sampling import Sampling
 
 log = logging.getLogger("quest_ort.serve")
@@ -363,10 +368,12 @@ class Metrics:
         self.decode_seconds.inc(u.decode_seconds)
 
 
-def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE):
+def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, slot_save_path=None):
     """The FastAPI app serving `generator`'s model as `name`: as many requests at once as it has
-    slots, up to `queue` more waiting."""
+    slots, up to `queue` more waiting; slots saved to and restored from files in `slot_save_path`
+    (None: off)."""
     server = Server(generator, name, queue)
+    save_dir = None if slot_save_path is None else pathlib.Path(slot_save_path)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -414,6 +421,42 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE):
     @app.get("/metrics")
     async def metrics():
         return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/slots")
+    async def slots():
+        return [{"id": slot.row, "tokens": len(slot.cached), "reusable": slot.reusable, "busy": slot.reply is not None}
+                for slot in generator.slots.slots]
+
+    @app.post("/slots/{slot_id}")
+    async def slot_action(slot_id: int, action: str, request: Request):
+        """llama.cpp's slot endpoints: ?action=save or restore, body {"filename": NAME} (a plain file
+        name inside --slot-save-path)."""
+        if save_dir is None:
+            raise RequestError("saving slots is off: start the server with --slot-save-path DIR", "action")
+        if action not in ("save", "restore"):
+            raise RequestError(f"action must be 'save' or 'restore', got {action!r:.40}", "action")
+        if not 0 <= slot_id < server.slots:
+            raise RequestError(f"slot {slot_id} does not exist: this server has {server.slots}", "id_slot")
+        filename = (await read_body(request)).get("filename")
+        if not isinstance(filename, str) or not filename or filename in (".", "..") or \
+                pathlib.PurePath(filename).name != filename or "\\" in filename:
+            raise RequestError("'filename' must be a plain file name (no folder)", "filename")
+        path = save_dir / filename
+        if action == "restore" and not path.is_file():
+            return JSONResponse(_error_body(f"no slot file {filename!r}", "filename", "not_found"), status_code=404)
+        began = time.perf_counter()
+        try:
+            if action == "save":
+                count = await asyncio.to_thread(generator.save_slot, slot_id, path)
+            else:
+                count = await asyncio.to_thread(generator.restore_slot, slot_id, path)
+        except GeneratorBusyError as error:
+            return JSONResponse(_error_body(str(error), "id_slot", "slot_busy"), status_code=409)
+        except SlotFileError as error:
+            raise RequestError(str(error), "filename") from error
+        milliseconds = (time.perf_counter() - began) * 1e3
+        done = {"save": ("n_saved", "save_ms"), "restore": ("n_restored", "restore_ms")}[action]
+        return {"id_slot": slot_id, "filename": filename, done[0]: count, "timings": {done[1]: milliseconds}}
 
     @app.get("/v1/models")
     async def models():
@@ -572,12 +615,10 @@ def default_parallel(model, capacity: int) -> int:
 
 def serve(folder, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, threads: int | None = None,
           prefill: str = "exact", log_level: str = "info", parallel: int | None = None,
-          queue: int = DEFAULT_QUEUE) -> None:
+          queue: int = DEFAULT_QUEUE, slot_save_path=None) -> None:
     """Load the folder and serve it until interrupted; `prefill`: how prompts are prefilled
     ("exact", "sparse", "per-token": runtime/generate.py); `parallel` slots (default_parallel when
     None), `queue` requests waiting for one."""
-    import pathlib
-
     import uvicorn
 
     from ..runtime.model import QuestModel
@@ -586,7 +627,9 @@ def serve(folder, *, host: str = "127.0.0.1", port: int = 8000, name: str | None
     model = QuestModel(folder, threads=threads)
     slots = default_parallel(model, model.capacity) if parallel is None else parallel
     generator = TextGenerator(model, prefill=prefill, slots=slots)
-    app = create_app(generator, name or folder.resolve().name, queue)
+    if slot_save_path is not None:
+        pathlib.Path(slot_save_path).mkdir(parents=True, exist_ok=True)
+    app = create_app(generator, name or folder.resolve().name, queue, slot_save_path)
     log.info("serving %s as %r on http://%s:%d/v1 (capacity %d tokens, %s prefill; %d slot(s), %d more may wait)",
              folder, app.state.server.name, host, port, generator.capacity, generator.prefill, slots, queue)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -33,7 +33,7 @@ from . import inputs
 from .generate import PREFILL_CHUNK, GeneratorBusyError, Stream, check_prefill_mode, check_progress
 from .model import CapacityError, KVCache, QuestModel
 from .sampling import Sampling
-from .slots import LOGPROBS_MAX, Reply, Slot, Slots, TokenLogprob, Usage
+from .slots import LOGPROBS_MAX, Reply, Slot, Slots, TokenLogprob, Usage, restore_slot, save_slot
 from .text import FolderTokenizer
 
 
@@ -157,6 +157,27 @@ class TextGenerator:
             for slot in self.slots.slots:
                 slot.cached.clear()
                 slot.reusable = 0
+
+    def save_slot(self, index: int, path) -> int:
+        """Writes slot `index`'s cached tokens (keys, values, bounds, the tokens) to `path`, with the
+        folder's identity (runtime/slots.py save_slot); returns the tokens saved. Refused
+        (GeneratorBusyError) while the slot runs a stream."""
+        with self._state, self.slots.lock:
+            return save_slot(self.model, self._free_slot(index), pathlib.Path(path))
+
+    def restore_slot(self, index: int, path) -> int:
+        """Loads a file save_slot wrote into slot `index`, checked against this folder (SlotFileError
+        names a foreign, truncated or mismatched file; the slot is then untouched); returns the tokens
+        restored. Refused (GeneratorBusyError) while the slot runs a stream."""
+        with self._state, self.slots.lock:
+            return restore_slot(self.model, self._free_slot(index), pathlib.Path(path))
+
+    def _free_slot(self, index: int) -> Slot:
+        index = inputs.integer(index, "slot", 0, len(self.slots.slots) - 1)
+        slot = self.slots.slots[index]
+        if slot.reply is not None:
+            raise GeneratorBusyError(f"slot {index} runs a stream: read or close it first")
+        return slot
 
     def sampling(self, prompt_tokens: int, sampling: Sampling | None = None, **options) -> Sampling:
         """The request's Sampling: `sampling`, or one from `options` (Sampling's fields, with

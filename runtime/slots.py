@@ -27,12 +27,17 @@ drives the slots; `quest-ort serve --parallel N` runs N of them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import pathlib
 import threading
 import time
+import zipfile
 from collections.abc import Callable
 
 import numpy as np
 
+from ..model_folder.sidecar import SIDECAR_NAME
 from .generate import prefill_segments
 from .model import KVCache
 from .sampling import Sampling, TokenHistory, choose
@@ -286,3 +291,68 @@ class Slots:
             reply.feed, reply.logits = None, logits[slot.row]
             reply.usage.decode_seconds += seconds
             reply.advance()
+
+
+class SlotFileError(ValueError):
+    """A slot file that is not this folder's, is truncated, or does not fit the cache."""
+
+
+SLOT_FILE_FORMAT = "quest-ort slot 1"
+_POSITION_ROLES = ("key", "value", "key_scale", "value_scale")  # indexed by token; the rest by metadata block
+
+
+def folder_identity(model) -> str:
+    """What a slot file must have been saved from: the sidecar's bytes and the graph file's name and
+    size (a slot's keys and values hold only for the graph and settings that wrote them)."""
+    sidecar = model.directory / SIDECAR_NAME
+    graph = model.directory / model.sidecar.model_file
+    digest = hashlib.sha256(sidecar.read_bytes())
+    digest.update(f"{graph.name}:{graph.stat().st_size}".encode())
+    return digest.hexdigest()
+
+
+def save_slot(model, slot: Slot, path: pathlib.Path) -> int:
+    """Writes the slot's row (its tokens' keys, values, scales and their blocks' bounds), the tokens
+    and what of them is reusable, with the folder's identity; returns the tokens saved."""
+    length = int(slot.cache.lengths[0])
+    blocks = -(-length // model.sidecar.settings.block_size)
+    arrays = {f"{index}.{role}": array[0, :, : length if role in _POSITION_ROLES else blocks]
+              for index, layer in enumerate(slot.cache.layers) for role, array in layer.items()}
+    meta = {"format": SLOT_FILE_FORMAT, "folder": folder_identity(model), "length": length,
+            "reusable": slot.reusable, "tokens": slot.cached}
+    with open(path, "wb") as file:
+        np.savez(file, meta=np.array(json.dumps(meta)), **arrays)
+    return length
+
+
+def restore_slot(model, slot: Slot, path: pathlib.Path) -> int:
+    """Reads a file save_slot wrote into the (free) slot's row; SlotFileError, naming the file, when it
+    is not one, is truncated, or belongs to another folder (the row is then untouched)."""
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            contents = {name: saved[name] for name in saved.files}
+        meta = json.loads(str(contents.pop("meta")))
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+        raise SlotFileError(f"{path.name} is not a readable slot file ({error})") from None
+    if meta.get("format") != SLOT_FILE_FORMAT:
+        raise SlotFileError(f"{path.name} is not a slot file of this version ({meta.get('format')!r})")
+    if meta["folder"] != folder_identity(model):
+        raise SlotFileError(f"{path.name} was saved from another model folder (or another export of it)")
+    length, capacity = int(meta["length"]), slot.cache.capacity
+    blocks = -(-length // model.sidecar.settings.block_size)
+    if not 0 <= length <= capacity or len(meta["tokens"]) != length:
+        raise SlotFileError(f"{path.name} holds {length} tokens; the cache holds {capacity}")
+    targets = {f"{index}.{role}": array for index, layer in enumerate(slot.cache.layers) for role, array in layer.items()}
+    if contents.keys() != targets.keys():
+        raise SlotFileError(f"{path.name} holds other caches than this folder's")
+    for name, array in contents.items():
+        target = targets[name]
+        size = length if name.split(".")[1] in _POSITION_ROLES else blocks
+        if array.dtype != target.dtype or array.shape != target.shape[1:2] + (size,) + target.shape[3:]:
+            raise SlotFileError(f"{path.name}: {name} is {array.dtype} {array.shape}, not what the cache holds")
+    for name, array in contents.items():
+        targets[name][0, :, : array.shape[1]] = array
+    slot.cache.lengths[0] = length
+    slot.cached[:] = [int(token) for token in meta["tokens"]]
+    slot.reusable = min(int(meta["reusable"]), length)
+    return length

@@ -288,6 +288,42 @@ def test_a_request_gets_the_same_reply_on_a_fresh_server_and_after_any_history()
         assert answer(url, messages) == fresh
 
 
+def _post(url: str, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url + path, method="POST", headers={"Content-Type": "application/json"},
+                                     data=json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_a_slot_saved_and_restored_over_http_answers_with_the_same_logprobs(tmp_path):
+    def answer(url) -> list[float]:
+        choice = ask(url, "Tell me about slots", 12, logprobs=True).choices[0]
+        return [entry.logprob for entry in choice.logprobs.content]
+
+    with running(TextGenerator(text_model(), slots=2), slot_save_path=tmp_path) as (url, app):
+        expected = answer(url)
+        slot = next(s["id"] for s in get(url, "/slots") if s["tokens"] > 0)
+        status, saved = _post(url, f"/slots/{slot}?action=save", {"filename": "chat.npz"})
+        assert status == 200 and saved["n_saved"] > 0
+        assert _post(url, "/slots/0?action=save", {"filename": "../escape.npz"})[0] == 400
+        assert _post(url, "/slots/0?action=restore", {"filename": "missing.npz"})[0] == 404
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "chat.npz").read_bytes()[:500])
+    with running(TextGenerator(text_model(), slots=2), slot_save_path=tmp_path) as (url, app):
+        status, restored = _post(url, "/slots/1?action=restore", {"filename": "chat.npz"})
+        assert status == 200 and restored["n_restored"] == saved["n_saved"]
+        status, refused = _post(url, "/slots/0?action=restore", {"filename": "cut.npz"})
+        assert status == 400 and "cut.npz is not a readable slot file" in refused["error"]["message"]
+        again = client(url).chat.completions.create(model=NAME, max_tokens=12, temperature=0, logprobs=True,
+                                                    messages=[{"role": "user", "content": "Tell me about slots"}])
+        assert again.usage.prompt_tokens_details.cached_tokens > 0  # the restored slot's prefix
+        assert [entry.logprob for entry in again.choices[0].logprobs.content] == expected
+    with running(TextGenerator(text_model())) as (url, app):
+        assert "--slot-save-path" in _post(url, "/slots/0?action=save", {"filename": "x.npz"})[1]["error"]["message"]
+
+
 class SlowPrefillModel(SlowModel):
     """The model with a pause before every prefill step: a prefill long enough to watch."""
 

@@ -11,6 +11,7 @@ import pytest
 from quest_ort.runtime.chat import TextGenerator
 from quest_ort.runtime.generate import GeneratorBusyError
 from quest_ort.runtime.model import QuestModel
+from quest_ort.runtime.slots import SlotFileError
 from quest_ort.export.default_tokenizer import END_OF_TURN_ID
 from support.export_models import TEXT_VOCAB, text_export
 
@@ -111,3 +112,43 @@ def test_an_idle_row_at_the_capacity_leaves_room_for_the_others_steps():
     assert stream.tokens == _alone(other, 12)[0]
     block = _model().sidecar.settings.block_size
     assert generator.cache.lengths[0] == 255 // block * block
+
+
+def test_a_saved_slot_restored_gives_the_same_logits_bit_for_bit(tmp_path):
+    prompt, follow = _prompts(100, 20, seed=9)
+    saver = TextGenerator(_model(), slots=2)
+    saver.complete(prompt, max_new_tokens=8).read()
+    path = tmp_path / "slot.npz"
+    assert saver.save_slot(0, path) == len(saver.cached)
+    restored = TextGenerator(_model(), slots=2)
+    assert restored.restore_slot(1, path) == len(saver.cached)
+    request = prompt + follow
+    stream = restored.complete(request, max_new_tokens=12, logprobs=0)
+    stream.read()
+    block = _model().sidecar.settings.block_size
+    assert stream.usage.reused_tokens == len(prompt) // block * block  # the restored slot's prefix
+    expected = saver.complete(request, max_new_tokens=12, logprobs=0)
+    expected.read()
+    assert stream.tokens == expected.tokens
+    assert [e.logprob for e in stream.logprobs] == [e.logprob for e in expected.logprobs]
+
+
+def test_a_foreign_or_truncated_slot_file_is_refused_by_name_and_the_slot_is_untouched(tmp_path):
+    generator = TextGenerator(_model())
+    generator.complete(_prompts(60)[0], max_new_tokens=4).read()
+    path = tmp_path / "mine.npz"
+    generator.save_slot(0, path)
+    truncated = tmp_path / "cut.npz"
+    truncated.write_bytes(path.read_bytes()[:1000])
+    other = TextGenerator(QuestModel(text_export(), threads=1))  # another export of the same checkpoint
+    held = list(other.cached)
+    with pytest.raises(SlotFileError, match="mine.npz was saved from another model folder"):
+        other.restore_slot(0, path)
+    with pytest.raises(SlotFileError, match="cut.npz is not a readable slot file"):
+        generator.restore_slot(0, truncated)
+    assert other.cached == held
+    stream = generator.complete(_prompts(30)[0], max_new_tokens=40)
+    next(stream)
+    with pytest.raises(GeneratorBusyError, match="slot 0 runs a stream"):
+        generator.save_slot(0, tmp_path / "busy.npz")
+    stream.close()
