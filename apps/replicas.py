@@ -1,12 +1,13 @@
-"""`quest-ort serve --replicas N`: the OpenAI-compatible app of apps/serve.py as N Ray Serve replicas at one address.
+"""`quest-ort serve --replicas N`: the OpenAI-compatible app of apps/serve/ as N Ray Serve replicas at one address.
 
     quest-ort serve qwen3-quest --replicas 2 --port 8000    # then any OpenAI client at http://127.0.0.1:8000/v1
 
-One process answers one request at a time (apps/serve.py queues the rest). Here a local Ray instance
+One process answers as many requests at once as it has slots (apps/serve/, `--parallel`), its
+decode steps batched, over one session. Here a local Ray instance
 runs the same FastAPI app (create_app) in N replica processes behind Ray Serve's HTTP proxy, which
 sends each request to a replica with fewer requests in flight. Each replica opens the folder itself:
 its own QuestModel (ONNX Runtime session, its own copy of the weights in memory) and its own
-TextGenerator (one cache of the folder's capacity, holding the tokens of its last request), so a
+TextGenerator (one slot: a cache of the folder's capacity, holding the tokens of its last request), so a
 conversation sent again reuses a cache only when it lands on the replica that served it before.
 Ray Serve is the `replicas` extra (pyproject.toml), imported only here.
 """

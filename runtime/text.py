@@ -80,6 +80,14 @@ class FolderTokenizer:
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
+    def longest_token_characters(self) -> int:
+        """An upper bound on the characters of text one token covers: twice the longest vocabulary
+        entry (a byte-level entry holds a character per byte, at least one byte per character; the
+        margin for normalisers). Text longer than capacity x this cannot fit the context."""
+        if getattr(self, "_longest", None) is None:
+            self._longest = 2 * max(len(entry) for entry in self._tokenizer.get_vocab(with_added_tokens=True))
+        return self._longest
+
     def token_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
 

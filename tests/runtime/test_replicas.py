@@ -1,4 +1,4 @@
-"""`quest-ort serve --replicas 2` (apps/replicas.py: the app of apps/serve.py as Ray Serve replicas) on
+"""`quest-ort serve --replicas 2` (apps/replicas.py: the app of apps/serve/ as Ray Serve replicas) on
 127.0.0.1 through the official `openai` client: two replica processes, each with its own session and
 cache, answer as the single-process server does. Run by `make test-replicas`, which installs ray[serve]."""
 

@@ -112,6 +112,7 @@ def test_two_clients_at_once_each_get_their_own_reply(served):
 @pytest.mark.parametrize("request_fields, named", [
     (dict(max_tokens=10_000), "max_tokens"),                          # prompt + max_tokens past the capacity
     (dict(messages=[{"role": "user", "content": "word " * 400}]), "context"),  # the prompt alone
+    (dict(messages=[{"role": "user", "content": "x" * 1_000_000}]), "characters"),  # refused before tokenizing
     (dict(n=2), "'n'"),
     (dict(temperature=-1), "temperature"),
     (dict(temperature=1e6), "temperature"),

@@ -1,36 +1,4 @@
-"""`quest-ort serve`: an OpenAI-compatible HTTP server over an exported folder (FastAPI on uvicorn).
-
-    POST /v1/chat/completions   messages -> reply (the folder's chat template), streamed with `stream`
-    POST /v1/completions        a text prompt -> its continuation
-    GET  /v1/models             the one model served
-    GET  /health                {"status": "ok", "busy": ..., "slots": ..., "slots_busy": ..., "queued": ...,
-                                 "prefill": ..., "pid": ...}
-    GET  /metrics               Prometheus metrics: requests, tokens, prefill and decode seconds, queue
-    GET  /slots                 the slots: tokens cached, reusable, busy
-    POST /slots/ID?action=save  {"filename": NAME}: the slot's cache to --slot-save-path/NAME (restore: back)
-
-Requests run in slots (`--parallel N`, runtime/slots.py): N rows of one cache, each running one
-request, every decode step one batch of the running rows, and prompt chunks interleaved with those
-steps; requests beyond N wait, first come first served, up to `--queue` of them (past that a 503
-with `Retry-After`). A request goes to the free slot whose tokens share its longest prefix, so a
-client that sends its conversation again with one more turn prefills only what the slot cannot
-reuse: only what a fresh server would compute the same way (never a reply's sparse-decoded tokens),
-so a request gets the same reply whatever ran before it. Each request is checked before it queues:
-a prompt plus max_tokens past the capacity, a sampling field out of its range, or a field this
-server does not implement (n > 1, echo, tools...), is a 400 in OpenAI's error format naming it;
-every field is read, or changes nothing of the output (`user`, `metadata`, `store`), or is
-refused: none is accepted and ignored. Sampling: `temperature`, `top_p`, `top_k`, `min_p`,
-`presence_penalty`, `frequency_penalty`, `repetition_penalty`, `seed` (runtime/sampling.py says
-how), `stop` (up to 4 strings of up to 256 characters); chat `logprobs` and `top_logprobs`. A
-client that disconnects (streaming or not) stops its generation before the next token, and its
-slot takes the next request.
-
-A long prompt's prefill shows its progress: a streaming response sends an SSE comment line
-`: prefill DONE/TOTAL` after each prefill step (clients skip comment lines; a raw reader sees the
-first token coming), and `/health` gives a running request's `"prefill": {"done", "total"}`.
-`quest-ort serve --prefill sparse` prefills prompts in chunks that select their blocks
-(runtime/generate.py).
-"""
+"""The server of `quest-ort serve`: slots that run requests, the FastAPI app, and `serve`."""
 
 from __future__ import annotations
 
@@ -50,71 +18,23 @@ import numpy as np
 
 from fastapi import FastAPI, Request  # the serve extra (pyproject.toml); module level: FastAPI resolves the
 from fastapi.responses import JSONResponse, Response, StreamingResponse  # handlers' annotations in this module
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..runtime.chat import LOGPROBS_MAX, TextGenerator, TextStream, TokenLogprob
-from ..runtime.generate import GeneratorBusyError
-from ..runtime.slots import SlotFileError
-from ..runtime.sampling import Sampling
+from ...runtime.chat import TextGenerator, TextStream
+from ...runtime.generate import GeneratorBusyError
+from ...runtime.slots import SlotFileError, TokenLogprob
+from .metrics import Metrics
+from .openai_format import error_body, logprob_content, timings_body, usage_body
+from .requests import BODY_BYTES_MAX, Asked, RequestError, chat_messages, check_text_length, parse_request
 
 log = logging.getLogger("quest_ort.serve")
 
-# Every field of a request is one of three kinds; any other is refused (a 400 naming it), never
-# accepted and ignored. Fields this server reads:
-_READ = frozenset({"model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-                   "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty", "seed", "stop", "logprobs", "top_logprobs"})
-# Fields that change nothing of the output (who asks, what to record about it):
-_NO_EFFECT = frozenset({"user", "metadata", "store"})
-# Fields accepted only at a value that asks for nothing more than what this server does:
-_ONLY_AT = {"n": (1,), "best_of": (1,), "echo": (False,), "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-            "parallel_tool_calls": (False,), "suffix": ("",), "logit_bias": ({},),
-            "response_format": ({"type": "text"},), "modalities": (["text"],)}
-# Sampling fields of a request, by their name in the request and in Sampling (runtime/sampling.py).
-_SAMPLING_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "presence_penalty": float,
-                    "frequency_penalty": float, "repetition_penalty": float, "seed": int}
-STOP_STRINGS_MAX, STOP_CHARS_MAX = 4, 256  # OpenAI's count; a stop string is held back that long at most
-BODY_BYTES_MAX = 8 << 20  # a request body past it is refused (413) before it is parsed
 DEFAULT_QUEUE = 64  # requests that may wait for a slot (--queue); past them a 503 with Retry-After
 RETRY_AFTER_S = 1
 
 
 # How often a non-streaming request checks that its client is still there.
 DISCONNECT_POLL_S = 0.25
-
-
-class RequestError(ValueError):
-    """A request this server refuses (HTTP 400; 413 for a body too large), naming the field."""
-
-    def __init__(self, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.param, self.kind = param, kind
-
-    @property
-    def status(self) -> int:
-        return 413 if self.kind == "too_large" else 400
-
-
-def _error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
-
-
-def _number(body: dict, name: str, default, kind=float):
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise RequestError(f"'{name}' must be {'a number' if kind is float else 'an integer'}, got {value!r}", name)
-    return kind(value)
-
-
-def _message_text(content, index: int) -> str:
-    """A message's content: a string, or OpenAI's list of parts of which only text parts are read."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(str(p.get("text", "")) for p in content)
-    raise RequestError(f"messages[{index}].content must be a string or text parts", f"messages[{index}].content")
 
 
 class Progress:
@@ -132,11 +52,11 @@ class Delta:
 
 
 class Job:
-    """One checked request: its prompt ids and generation settings, how to cancel it, and how far
-    its prefill went."""
+    """One checked request (what it asks for: requests.Asked), how to cancel it, and how far its
+    prefill went."""
 
-    def __init__(self, prompt: list[int], sampling: Sampling, stop: tuple[str, ...], logprobs: int | None):
-        self.prompt, self.sampling, self.stop, self.logprobs = prompt, sampling, stop, logprobs
+    def __init__(self, asked: Asked):
+        self.prompt, self.sampling, self.stop, self.logprobs = asked.prompt, asked.sampling, asked.stop, asked.logprobs
         self.cancelled = threading.Event()
         self.stream: TextStream | None = None
         self.prefill: Progress | None = None  # None until its first prefill step ends
@@ -166,49 +86,6 @@ class Server:
         self._lock = threading.Lock()
         self.queued = 0  # requests accepted and not finished (running or waiting)
         self.running: list[Job] = []  # in the order they started
-
-    def check(self, body: dict, prompt: list[int], chat: bool) -> Job:
-        """The request as a Job, or a RequestError (400) before it queues."""
-        for field, value in body.items():
-            if field in _READ or field in _NO_EFFECT or value is None:
-                continue
-            accepted = _ONLY_AT.get(field)
-            if accepted is None:
-                raise RequestError(f"'{field}' is not supported by this server", field)
-            if not any(type(value) is type(a) and value == a for a in accepted):
-                raise RequestError(f"'{field}' = {value!r:.80} is not supported by this server (only "
-                                   f"{' or '.join(map(repr, accepted))})", field)
-        model = body.get("model")
-        if model not in (None, self.name):
-            raise RequestError(f"model {model!r} is not served here; this server serves {self.name!r}", "model")
-        capacity = self.generator.capacity
-        room = capacity - len(prompt)
-        if room <= 0:
-            raise RequestError(f"the prompt is {len(prompt)} tokens; the model's context holds {capacity}",
-                               "messages" if "messages" in body else "prompt")
-        limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        max_tokens = _number(body, limit_name, None, int)
-        if max_tokens is not None and max_tokens < 0:
-            raise RequestError(f"'{limit_name}' must be >= 0, got {max_tokens}", limit_name)
-        if max_tokens is not None and max_tokens > room:
-            raise RequestError(f"the prompt is {len(prompt)} tokens and {limit_name} {max_tokens}: together past the "
-                               f"model's context of {capacity} tokens", limit_name)
-        stop = body.get("stop")
-        stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
-        if not (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)) or \
-                len(stop) > STOP_STRINGS_MAX or any(len(s) > STOP_CHARS_MAX for s in stop):
-            raise RequestError(f"'stop' must be a string or up to {STOP_STRINGS_MAX} strings of up to "
-                               f"{STOP_CHARS_MAX} characters", "stop")
-        options = {name: _number(body, name, None, kind) for name, kind in _SAMPLING_FIELDS.items()}
-        options["temperature"] = 1.0 if options["temperature"] is None else options["temperature"]  # OpenAI's default
-        try:
-            sampling = Sampling(max_new_tokens=room if max_tokens is None else max_tokens,
-                                stop_tokens=self.generator.stop_tokens,
-                                **{name: value for name, value in options.items() if value is not None})
-        except ValueError as error:  # Sampling's messages start with the field's name
-            field = str(error).split()[0]
-            raise RequestError(str(error), field if field in _SAMPLING_FIELDS else None) from error
-        return Job(prompt, sampling, tuple(stop), _logprobs(body, chat))
 
     def run(self, job: Job, emit: Callable[[Delta | Progress], None]) -> TextStream | None:
         """Runs `job` on the worker thread (queued behind earlier ones), calling emit(Delta) per
@@ -277,103 +154,13 @@ class Server:
             job.cancel()
 
 
-def _logprobs(body: dict, chat: bool) -> int | None:
-    """Alternatives per token the reply's log-probabilities carry (None: none asked for): chat's
-    `logprobs` (true) and `top_logprobs` (0 to 20); /v1/completions' legacy integer is refused."""
-    wants = body.get("logprobs")
-    if not chat:
-        if wants is not None:
-            raise RequestError("'logprobs' is not supported on /v1/completions (/v1/chat/completions gives them)",
-                               "logprobs")
-        if body.get("top_logprobs") is not None:
-            raise RequestError("'top_logprobs' is a chat completion field", "top_logprobs")
-        return None
-    if wants is not None and not isinstance(wants, bool):
-        raise RequestError(f"'logprobs' must be true or false, got {wants!r:.40}", "logprobs")
-    top = _number(body, "top_logprobs", None, int)
-    if top is not None and not 0 <= top <= LOGPROBS_MAX:
-        raise RequestError(f"'top_logprobs' must be in [0, {LOGPROBS_MAX}], got {top}", "top_logprobs")
-    if top is not None and not wants:
-        raise RequestError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    return (top or 0) if wants else None
-
-
-def _logprob_content(tokenizer, entries: list[TokenLogprob]) -> list[dict]:
-    """OpenAI's chat `logprobs.content` for `entries`: each token's text, its UTF-8 bytes, logprob
-    and top alternatives."""
-    def described(token: int, logprob: float) -> dict:
-        text = tokenizer.decode([token])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-
-    return [{**described(e.token, e.logprob), "top_logprobs": [described(t, lp) for t, lp in e.top]} for e in entries]
-
-
-def _usage(stream: TextStream) -> dict:
-    u = stream.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.reused_tokens}}
-
-
-def _timings(stream: TextStream) -> dict:
-    """The reply's timings as llama.cpp's server gives them (prompt: the tokens prefilled)."""
-    u = stream.usage
-    prompt_n, predicted_n = u.prompt_tokens - u.reused_tokens, u.completion_tokens
-    prompt_ms, predicted_ms = u.prefill_seconds * 1e3, u.decode_seconds * 1e3
-
-    def rates(n: int, ms: float) -> tuple[float | None, float | None]:
-        return (ms / n if n else None), (n / ms * 1e3 if ms > 0 else None)
-
-    (prompt_per_token, prompt_per_second), (predicted_per_token, predicted_per_second) = (
-        rates(prompt_n, prompt_ms), rates(predicted_n, predicted_ms))
-    return {"cache_n": u.reused_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_per_token, "prompt_per_second": prompt_per_second,
-            "predicted_n": predicted_n, "predicted_ms": predicted_ms, "predicted_per_token_ms": predicted_per_token,
-            "predicted_per_second": predicted_per_second}
-
-
-class Metrics:
-    """The server's Prometheus metrics (GET /metrics), in a registry of its own."""
-
-    def __init__(self, server: Server):
-        self.registry = CollectorRegistry()
-        registry = self.registry
-        self.requests = Counter("quest_ort_requests", "requests answered, by how they ended", ["finish_reason"],
-                                registry=registry)
-        self.refused = Counter("quest_ort_requests_refused", "requests refused before they queued (400, 413)",
-                               registry=registry)
-        self.prompt_tokens = Counter("quest_ort_prompt_tokens", "prompt tokens of answered requests",
-                                     registry=registry)
-        self.cached_tokens = Counter("quest_ort_prompt_cached_tokens",
-                                     "prompt tokens the cache already held (prefix-cache hits)", registry=registry)
-        self.generated_tokens = Counter("quest_ort_generated_tokens", "tokens generated", registry=registry)
-        self.prefill_seconds = Counter("quest_ort_prefill_seconds", "seconds in prefill steps", registry=registry)
-        self.decode_seconds = Counter("quest_ort_decode_seconds", "seconds in decode steps and sampling",
-                                      registry=registry)
-        waiting = Gauge("quest_ort_requests_waiting", "requests queued behind the running one", registry=registry)
-        waiting.set_function(lambda: max(0, server.queued - server.busy))
-        busy = Gauge("quest_ort_slots_busy", "slots running a request", registry=registry)
-        busy.set_function(lambda: server.busy)
-        Gauge("quest_ort_slots", "slots (requests run at once)", registry=registry).set(server.slots)
-        self.queue_full = Counter("quest_ort_requests_queue_full", "requests refused with a 503: the queue was full",
-                                  registry=registry)
-
-    def finished(self, stream: TextStream) -> None:
-        u = stream.usage
-        self.requests.labels(stream.finish_reason or "cancelled").inc()
-        self.prompt_tokens.inc(u.prompt_tokens)
-        self.cached_tokens.inc(u.reused_tokens)
-        self.generated_tokens.inc(u.completion_tokens)
-        self.prefill_seconds.inc(u.prefill_seconds)
-        self.decode_seconds.inc(u.decode_seconds)
-
-
 def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, slot_save_path=None):
     """The FastAPI app serving `generator`'s model as `name`: as many requests at once as it has
     slots, up to `queue` more waiting; slots saved to and restored from files in `slot_save_path`
     (None: off)."""
     server = Server(generator, name, queue)
     save_dir = None if slot_save_path is None else pathlib.Path(slot_save_path)
+    longest_token = generator.tokenizer.longest_token_characters()
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -387,14 +174,14 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
     async def queue_full(request: Request, error: QueueFullError):
         log.info("refused: %s", error)
         server.metrics.queue_full.inc()
-        return JSONResponse(_error_body(str(error), kind="server_busy"), status_code=503,
+        return JSONResponse(error_body(str(error), kind="server_busy"), status_code=503,
                             headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, error: RequestError):
         log.info("refused: %s", error)
         server.metrics.refused.inc()
-        return JSONResponse(_error_body(str(error), error.param, error.kind), status_code=error.status)
+        return JSONResponse(error_body(str(error), error.param, error.kind), status_code=error.status)
 
     async def read_body(request: Request) -> dict:
         data = bytearray()
@@ -443,7 +230,7 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
             raise RequestError("'filename' must be a plain file name (no folder)", "filename")
         path = save_dir / filename
         if action == "restore" and not path.is_file():
-            return JSONResponse(_error_body(f"no slot file {filename!r}", "filename", "not_found"), status_code=404)
+            return JSONResponse(error_body(f"no slot file {filename!r}", "filename", "not_found"), status_code=404)
         began = time.perf_counter()
         try:
             if action == "save":
@@ -451,7 +238,7 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
             else:
                 count = await asyncio.to_thread(generator.restore_slot, slot_id, path)
         except GeneratorBusyError as error:
-            return JSONResponse(_error_body(str(error), "id_slot", "slot_busy"), status_code=409)
+            return JSONResponse(error_body(str(error), "id_slot", "slot_busy"), status_code=409)
         except SlotFileError as error:
             raise RequestError(str(error), "filename") from error
         milliseconds = (time.perf_counter() - began) * 1e3
@@ -466,14 +253,8 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await read_body(request)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError("'messages' must be a non-empty list", "messages")
-        checked = []
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise RequestError(f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
-            checked.append({"role": message["role"], "content": _message_text(message.get("content"), i)})
+        checked = chat_messages(body)
+        check_text_length(sum(len(m["content"]) for m in checked), generator.capacity, longest_token, "messages")
         try:
             prompt = generator.tokenizer.encode_chat(checked)
         except Exception as error:  # the template's own raise_exception (a role it does not take...)
@@ -487,6 +268,7 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str):
+            check_text_length(len(prompt), generator.capacity, longest_token, "prompt")
             ids = generator.tokenizer.encode(prompt)
         elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):  # ints, not bools
             ids = prompt
@@ -499,7 +281,8 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
         return await respond(request, body, ids, chat=False)
 
     async def respond(request: Request, body: dict, prompt: list[int], chat: bool):
-        job = server.check(body, prompt, chat)
+        job = Job(parse_request(body, prompt, chat, name=name, capacity=generator.capacity,
+                                stop_tokens=generator.stop_tokens))
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError("'stream' must be true or false", "stream")
@@ -509,17 +292,17 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
         if not stream:
             result = await until_disconnected(request, job, server.submit(job, lambda item: None))
             if result is None or result.finish_reason == "cancelled":  # nobody is left to answer
-                return JSONResponse(_error_body("the client disconnected", kind="cancelled"), status_code=499)
+                return JSONResponse(error_body("the client disconnected", kind="cancelled"), status_code=499)
             choice = {"index": 0, "finish_reason": result.finish_reason}
             if chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
                 choice["logprobs"] = None if job.logprobs is None else {
-                    "content": _logprob_content(generator.tokenizer, result.logprobs)}
+                    "content": logprob_content(generator.tokenizer, result.logprobs)}
             else:
                 choice.update(text=result.text, logprobs=None)
             log_request(ident, result)
             return {"id": ident, "object": kind, "created": created, "model": name, "choices": [choice],
-                    "usage": _usage(result), "timings": _timings(result)}
+                    "usage": usage_body(result), "timings": timings_body(result)}
         options = body.get("stream_options") or {}
         if not isinstance(options, dict) or not set(options) <= {"include_usage"}:
             raise RequestError(f"'stream_options' takes only include_usage, got {options!r:.80}", "stream_options")
@@ -555,7 +338,7 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
             if chat:
                 choice["delta"] = delta or {}
                 if job.logprobs is not None:
-                    choice["logprobs"] = {"content": _logprob_content(generator.tokenizer, logprobs or [])}
+                    choice["logprobs"] = {"content": logprob_content(generator.tokenizer, logprobs or [])}
             else:
                 choice.update(text=text or "", logprobs=None)
             event = {"id": ident, "object": kind, "created": created, "model": name,
@@ -584,12 +367,12 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
                 result = task.result()
             except Exception as error:  # a failed step: said in the stream, as OpenAI does, then ended
                 log.exception("%s: generation failed", ident)
-                yield f"data: {json.dumps(_error_body(f'generation failed: {error}', kind='server_error'))}\n\n"
+                yield f"data: {json.dumps(error_body(f'generation failed: {error}', kind='server_error'))}\n\n"
                 return
             log_request(ident, result)
-            yield chunk(delta={}, finish=result.finish_reason, timings=_timings(result))
+            yield chunk(delta={}, finish=result.finish_reason, timings=timings_body(result))
             if include_usage:
-                yield chunk(usage=_usage(result))
+                yield chunk(usage=usage_body(result))
             yield "data: [DONE]\n\n"
         finally:  # the client went away (or the stream failed): stop generating before the next token
             if not task.done():
@@ -605,7 +388,7 @@ DEFAULT_PARALLEL_MOST = 4  # --parallel's default at most: on a few cores more r
 def default_parallel(model, capacity: int) -> int:
     """--parallel's default: the slots whose caches (each of `capacity` tokens) fit in half the memory
     available now, at most DEFAULT_PARALLEL_MOST, at least 1."""
-    from ..model_folder.cache import cache_layout
+    from ...model_folder.cache import cache_layout
 
     per_slot = sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
                    for layer in cache_layout(model.sidecar, 1, capacity) for _, spec in layer.items())
@@ -621,7 +404,7 @@ def serve(folder, *, host: str = "127.0.0.1", port: int = 8000, name: str | None
     None), `queue` requests waiting for one."""
     import uvicorn
 
-    from ..runtime.model import QuestModel
+    from ...runtime.model import QuestModel
 
     folder = pathlib.Path(folder)
     model = QuestModel(folder, threads=threads)
