@@ -17,12 +17,14 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from fastapi import FastAPI, Request  # the serve extra (pyproject.toml); module level: FastAPI resolves the
-from fastapi.responses import JSONResponse, Response, StreamingResponse  # handlers' annotations in this module
+from fastapi.openapi.utils import get_openapi  # handlers' annotations in this module
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ...runtime.chat import TextGenerator, TextStream
 from ...runtime.generate import GeneratorBusyError
 from ...runtime.slots import SlotFileError, TokenLogprob
+from . import schema
 from .metrics import Metrics
 from .openai_format import error_body, logprob_content, timings_body, usage_body
 from .requests import BODY_BYTES_MAX, Asked, RequestError, chat_messages, check_text_length, parse_request
@@ -170,6 +172,14 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
     app = FastAPI(title="quest-ort", lifespan=lifespan)
     app.state.server = server
 
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = schema.with_request_schemas(
+                get_openapi(title=app.title, version=app.version, routes=app.routes))
+        return app.openapi_schema
+
+    app.openapi = openapi
+
     @app.exception_handler(QueueFullError)
     async def queue_full(request: Request, error: QueueFullError):
         log.info("refused: %s", error)
@@ -250,7 +260,7 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
         return {"object": "list", "data": [{"id": name, "object": "model", "created": server.created,
                                             "owned_by": "quest-ort"}]}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **schema.documented(schema.ChatCompletionRequest, schema.ChatCompletion))
     async def chat_completions(request: Request):
         body = await read_body(request)
         checked = chat_messages(body)
@@ -261,7 +271,7 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
             raise RequestError(f"the chat template refused the messages: {error}", "messages") from error
         return await respond(request, body, prompt, chat=True)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **schema.documented(schema.CompletionRequest, schema.Completion))
     async def completions(request: Request):
         body = await read_body(request)
         prompt = body.get("prompt")

@@ -18,6 +18,7 @@ openai = pytest.importorskip("openai")  # the test extra: installed by make
 uvicorn = pytest.importorskip("uvicorn")  # the serve extra: installed by make
 
 from quest_ort.apps.serve import create_app  # noqa: E402
+from quest_ort.apps.serve.schema import ChatCompletion  # noqa: E402
 from quest_ort.runtime.chat import TextGenerator  # noqa: E402
 from quest_ort.runtime.model import QuestModel  # noqa: E402
 from support.export_models import text_export  # noqa: E402
@@ -177,6 +178,21 @@ def test_usage_timings_and_metrics_count_the_prefix_the_cache_held(served):
     assert values["quest_ort_prompt_cached_tokens_total"] >= cached
     assert values["quest_ort_generated_tokens_total"] >= 8 and values["quest_ort_slots_busy"] == 0
     assert values["quest_ort_requests_refused_total"] >= 0 and values["quest_ort_prefill_seconds_total"] > 0
+
+
+def test_openapi_documents_the_requests_and_replies(served):
+    url, _ = served
+    spec = get(url, "/openapi.json")
+    schemas = spec["components"]["schemas"]
+    chat = spec["paths"]["/v1/chat/completions"]["post"]
+    assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")
+    assert {"messages", "top_k", "min_p", "repetition_penalty", "top_logprobs"} <= set(
+        schemas["ChatCompletionRequest"]["properties"])
+    assert "Message" in schemas and "timings" in schemas["ChatCompletion"]["properties"]
+    assert chat["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletion")
+    assert {"400", "413", "503"} <= set(chat["responses"])
+    reply = ask(url, "Hi", 4, logprobs=True, top_logprobs=1).model_dump()  # timings: an extra field to openai
+    ChatCompletion.model_validate(reply)  # the reply is what the schema says
 
 
 def test_fields_at_the_value_that_asks_for_nothing_more_are_accepted(served):
