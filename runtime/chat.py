@@ -150,7 +150,8 @@ class TextGenerator:
     def reset(self) -> None:
         """Forget the cached tokens (the next request prefills everything). Refused (GeneratorBusyError)
         while a stream is open: its cache is in use."""
-        with self._state:
+        with self._state, self.slots.lock:
+            self.slots.sweep()
             if self.slots.running:
                 raise GeneratorBusyError("a stream of this TextGenerator is open: read or close it before reset()")
             self.slots.cache.reset()
@@ -174,6 +175,7 @@ class TextGenerator:
 
     def _free_slot(self, index: int) -> Slot:
         index = inputs.integer(index, "slot", 0, len(self.slots.slots) - 1)
+        self.slots.sweep()
         slot = self.slots.slots[index]
         if slot.reply is not None:
             raise GeneratorBusyError(f"slot {index} runs a stream: read or close it first")
@@ -223,13 +225,9 @@ class TextGenerator:
         if slot is None:
             raise GeneratorBusyError("every slot of this TextGenerator runs an open stream: read or close one first, "
                                      "or use another TextGenerator (they may share one QuestModel)")
-        stream = TextStream(reply, lambda: self._free(slot, reply), on_finish)
+        # Closing the stream ends its reply; the slot is freed by the next sweep (no lock taken here).
+        stream = TextStream(reply, lambda: reply.cancelled.set(), on_finish)
         return stream.start(self._texts(reply, stream))
-
-    def _free(self, slot: Slot, reply: Reply) -> None:
-        with self._state, self.slots.lock:
-            if slot.reply is reply:
-                self.slots.release(slot)
 
     def _texts(self, reply: Reply, stream: TextStream) -> Iterator[str]:
         """The reply's text as it comes: rounds of every slot's work (under the slots' lock) until

@@ -154,6 +154,11 @@ class Slot:
     reply: Reply | None = None
     used: int = 0  # when it last took a request (for the least recently used)
 
+    @property
+    def busy(self) -> bool:
+        """Whether its reply still runs (one that ended or was cancelled leaves at the next sweep)."""
+        return self.reply is not None and not self.reply.ended and not self.reply.cancelled.is_set()
+
 
 class Slots:
     """N slots over one cache of N rows; `run_round` advances every running reply."""
@@ -168,11 +173,21 @@ class Slots:
 
     @property
     def running(self) -> list[Slot]:
-        return [slot for slot in self.slots if slot.reply is not None]
+        return [slot for slot in self.slots if slot.busy]
+
+    def sweep(self) -> None:
+        """Frees the slots whose reply ended or was cancelled. (Streams only mark their reply when
+        they close, taking no lock: a stream dropped by the garbage collector inside a round must not
+        wait for the lock its own thread holds.)"""
+        for slot in self.slots:
+            if slot.reply is not None and not slot.busy:
+                slot.reply.end("cancelled")
+                slot.reply = None
 
     def take(self, reply: Reply) -> Slot | None:
         """A free slot for `reply` (None: every slot runs one): the one whose reusable tokens share
         the prompt's longest beginning, else the least recently used. Keeps what it can reuse."""
+        self.sweep()
         free = [slot for slot in self.slots if slot.reply is None]
         if not free:
             return None
@@ -183,12 +198,6 @@ class Slots:
         reply.rest = reply.prompt[kept:]
         reply.usage.reused_tokens = kept
         return slot
-
-    def release(self, slot: Slot) -> None:
-        """The slot's reply ended (or was abandoned): the slot is free, its tokens kept."""
-        if slot.reply is not None:
-            slot.reply.end("cancelled")
-            slot.reply = None
 
     @staticmethod
     def _shared(slot: Slot, prompt: list[int]) -> int:
@@ -236,9 +245,7 @@ class Slots:
     def run_round(self) -> None:
         """One prefill chunk of one slot (in turns), then one decode step of every slot with a token
         to feed. Cancelled replies end first; a reply that ends frees its slot."""
-        for slot in self.running:
-            if slot.reply.cancelled.is_set():
-                self.release(slot)
+        self.sweep()
         prefilling = [slot for slot in self.running if slot.reply.logits is None]
         if prefilling:
             slot = min(prefilling, key=lambda s: (s.row - self._turn) % len(self.slots))
@@ -247,9 +254,7 @@ class Slots:
         decoding = [slot for slot in self.running if slot.reply.feed is not None]
         if decoding:
             self._decode(decoding)
-        for slot in self.running:
-            if slot.reply.ended:
-                slot.reply = None
+        self.sweep()
 
     def _prefill_chunk(self, slot: Slot) -> None:
         reply = slot.reply

@@ -221,7 +221,7 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
 
     @app.get("/slots")
     async def slots():
-        return [{"id": slot.row, "tokens": len(slot.cached), "reusable": slot.reusable, "busy": slot.reply is not None}
+        return [{"id": slot.row, "tokens": len(slot.cached), "reusable": slot.reusable, "busy": slot.busy}
                 for slot in generator.slots.slots]
 
     @app.post("/slots/{slot_id}")

@@ -4,6 +4,7 @@ rows, each what it would be alone, whatever ran in the other rows or before."""
 from __future__ import annotations
 
 import functools
+import gc
 
 import numpy as np
 import pytest
@@ -152,3 +153,17 @@ def test_a_foreign_or_truncated_slot_file_is_refused_by_name_and_the_slot_is_unt
     with pytest.raises(GeneratorBusyError, match="slot 0 runs a stream"):
         generator.save_slot(0, tmp_path / "busy.npz")
     stream.close()
+
+
+def test_a_dropped_stream_frees_its_slot_without_taking_a_lock():
+    """Closing (or collecting) a stream marks its reply; the next request's sweep frees the slot. A
+    stream collected inside a round, on the thread that holds the slots' lock, must not wait for it."""
+    generator = TextGenerator(_model())
+    stream = generator.complete(_prompts(40)[0], max_new_tokens=40)
+    next(stream)
+    with generator.slots.lock:  # as inside a round
+        del stream
+        gc.collect()
+    other = _prompts(30, seed=8)[0]
+    follow = generator.complete(other, max_new_tokens=6)
+    assert follow.read() is not None and follow.tokens == _alone(other, 6)[0]
