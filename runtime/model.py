@@ -82,11 +82,18 @@ class KVCache:
         return int(self.lengths.shape[0])
 
     def row(self, b: int) -> KVCache:
-        """Row b as a cache of batch 1 over the same memory (its arrays, lengths and OrtValues are
-        views): a step on it reads and writes that row alone, as a step of batch 1 would (a slot's
-        prompt prefilled without running the other rows' padding through the model)."""
+        """Row b as a cache of batch 1 over the same memory (rows(b, b + 1))."""
         b = integer(b, "row", 0, self.batch - 1)
-        view = lambda array: array[b : b + 1]  # noqa: E731 (contiguous: the OrtValue wraps it, no copy)
+        return self.rows(b, b + 1)
+
+    def rows(self, start: int, stop: int) -> KVCache:
+        """Rows [start, stop) as a cache of their own over the same memory (its arrays, lengths and
+        OrtValues are views): a step on it reads and writes those rows alone, as a step of that batch
+        would (a slot's prompt prefilled, or a few slots decoded, without running the other rows
+        through the model)."""
+        start = integer(start, "start", 0, self.batch - 1)
+        stop = integer(stop, "stop", start + 1, self.batch)
+        view = lambda array: array[start:stop]  # noqa: E731 (contiguous: the OrtValue wraps it, no copy)
         buffers = {name: view(array) for name, array in self.buffers.items()}
         return KVCache(self.capacity, view(self.lengths), tuple(layer.map(view) for layer in self.layers), buffers,
                        {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in buffers.items()})

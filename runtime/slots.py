@@ -4,7 +4,8 @@
                   row 1  [prompt B ....|reply B ..]
                   row 2  [what an ended request left]           (idle: kept for prefix reuse)
     a round:      one prefill chunk of one slot (batch 1: the row's own view of the cache)
-                  one decode step of every slot with a token to feed (batch N, idle rows masked)
+                  one decode step of every slot with a token to feed (one batch over the rows
+                  from the first such slot's to the last's, idle rows among them masked)
 
 Prompts and decode steps interleave, so a long prompt delays the others' tokens by one chunk per
 token, not by its whole prefill. Each reply keeps its own sampler state (seeded generator,
@@ -168,6 +169,7 @@ class Slots:
         self.cache = model.new_cache(count, capacity)
         self.slots = [Slot(row, self.cache if count == 1 else self.cache.row(row)) for row in range(count)]
         self.lock = threading.Lock()  # one round at a time; taken by whoever drives the slots
+        self._spans: dict[tuple[int, int], KVCache] = {}  # views of consecutive rows, made once
         self._clock = 0
         self._turn = 0  # the slot whose prefill goes first in the next round
 
@@ -256,6 +258,11 @@ class Slots:
             self._decode(decoding)
         self.sweep()
 
+    def _span(self, start: int, stop: int) -> KVCache:
+        if (start, stop) not in self._spans:
+            self._spans[start, stop] = self.slots[start].cache if stop == start + 1 else self.cache.rows(start, stop)
+        return self._spans[start, stop]
+
     def _prefill_chunk(self, slot: Slot) -> None:
         reply = slot.reply
         kept = len(reply.prompt) - len(reply.rest)
@@ -277,8 +284,11 @@ class Slots:
             reply.advance()
 
     def _decode(self, decoding: list[Slot]) -> None:
-        cache = self.cache
-        for slot in self.slots:  # an idle row at the capacity has no room for the step's masked position
+        # The step runs over the rows from the first decoding slot's to the last's (a view of the
+        # cache): rows outside that span are not run at all, idle rows inside it are masked.
+        first, last = min(slot.row for slot in decoding), max(slot.row for slot in decoding)
+        cache = self.cache if last - first + 1 == len(self.slots) else self._span(first, last + 1)
+        for slot in self.slots[first : last + 1]:  # an idle row at the capacity has no room for the masked position
             if slot.reply is None and slot.cache.lengths[0] >= cache.capacity:
                 self.model.truncate(slot.cache, int(slot.cache.lengths[0]) - 1)
                 del slot.cached[int(slot.cache.lengths[0]):]
@@ -286,14 +296,14 @@ class Slots:
         ids = np.zeros((cache.batch, 1), np.int64)
         valid = np.zeros(cache.batch, np.int32)
         for slot in decoding:
-            ids[slot.row, 0], valid[slot.row] = slot.reply.feed, 1
+            ids[slot.row - first, 0], valid[slot.row - first] = slot.reply.feed, 1
         began = time.perf_counter()
         logits = self.model.step(cache, ids, valid=valid)[:, 0]
         seconds = time.perf_counter() - began
         for slot in decoding:
             reply = slot.reply
             slot.cached.append(reply.feed)
-            reply.feed, reply.logits = None, logits[slot.row]
+            reply.feed, reply.logits = None, logits[slot.row - first]
             reply.usage.decode_seconds += seconds
             reply.advance()
 

@@ -103,16 +103,18 @@ def test_a_request_past_the_slots_is_refused_and_a_cancelled_stream_frees_its_sl
 
 def test_an_idle_row_at_the_capacity_leaves_room_for_the_others_steps():
     """A prompt of the whole capacity and no new token fills its row; a decode step places a masked
-    position in every row, so that row gives back its last block before the others decode."""
-    generator = TextGenerator(_model(), slots=2)
-    full, other = _prompts(256, 50)
-    generator.complete(full, max_new_tokens=0).read()
-    assert generator.cache.lengths.tolist() == [256, 0]
-    stream = generator.complete(other, max_new_tokens=12)
-    stream.read()
-    assert stream.tokens == _alone(other, 12)[0]
+    position in every row of its span, so that row gives back its last block when it lies between
+    two decoding slots (a step over rows outside the span leaves them alone)."""
+    generator = TextGenerator(_model(), slots=3)
+    short, full, left, right = _prompts(20, 256, 50, 60)
+    generator.complete(short, max_new_tokens=1).read()  # slot 0
+    generator.complete(full, max_new_tokens=0).read()  # slot 1, at the capacity
+    assert generator.cache.lengths.tolist() == [20, 256, 0]
+    streams = [generator.complete(prompt, max_new_tokens=12) for prompt in (left, right)]  # slots 2 and 0
+    _read_in_turns(streams)
+    assert [s.tokens for s in streams] == [_alone(left, 12)[0], _alone(right, 12)[0]]
     block = _model().sidecar.settings.block_size
-    assert generator.cache.lengths[0] == 255 // block * block
+    assert generator.cache.lengths[1] == 255 // block * block
 
 
 def test_a_saved_slot_restored_gives_the_same_logits_bit_for_bit(tmp_path):
