@@ -164,14 +164,14 @@ class TextGenerator:
         folder's identity (runtime/slots.py save_slot); returns the tokens saved. Refused
         (GeneratorBusyError) while the slot runs a stream."""
         with self._state, self.slots.lock:
-            return save_slot(self.model, self._free_slot(index), pathlib.Path(path))
+            return save_slot(self.model, self._free_slot(index), pathlib.Path(path), self.prefill)
 
     def restore_slot(self, index: int, path) -> int:
         """Loads a file save_slot wrote into slot `index`, checked against this folder (SlotFileError
         names a foreign, truncated or mismatched file; the slot is then untouched); returns the tokens
         restored. Refused (GeneratorBusyError) while the slot runs a stream."""
         with self._state, self.slots.lock:
-            return restore_slot(self.model, self._free_slot(index), pathlib.Path(path))
+            return restore_slot(self.model, self._free_slot(index), pathlib.Path(path), self.prefill)
 
     def _free_slot(self, index: int) -> Slot:
         index = inputs.integer(index, "slot", 0, len(self.slots.slots) - 1)

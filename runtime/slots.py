@@ -326,37 +326,45 @@ def folder_identity(model) -> str:
     return digest.hexdigest()
 
 
-def save_slot(model, slot: Slot, path: pathlib.Path) -> int:
+def save_slot(model, slot: Slot, path: pathlib.Path, prefill: str) -> int:
     """Writes the slot's row (its tokens' keys, values, scales and their blocks' bounds), the tokens
-    and what of them is reusable, with the folder's identity; returns the tokens saved."""
+    and what of them is reusable under the `prefill` mode that wrote them, with the folder's
+    identity; returns the tokens saved."""
     length = int(slot.cache.lengths[0])
     blocks = -(-length // model.sidecar.settings.block_size)
     arrays = {f"{index}.{role}": array[0, :, : length if role in _POSITION_ROLES else blocks]
               for index, layer in enumerate(slot.cache.layers) for role, array in layer.items()}
-    meta = {"format": SLOT_FILE_FORMAT, "folder": folder_identity(model), "length": length,
+    meta = {"format": SLOT_FILE_FORMAT, "folder": folder_identity(model), "prefill": prefill, "length": length,
             "reusable": slot.reusable, "tokens": slot.cached}
     with open(path, "wb") as file:
         np.savez(file, meta=np.array(json.dumps(meta)), **arrays)
     return length
 
 
-def restore_slot(model, slot: Slot, path: pathlib.Path) -> int:
+def restore_slot(model, slot: Slot, path: pathlib.Path, prefill: str) -> int:
     """Reads a file save_slot wrote into the (free) slot's row; SlotFileError, naming the file, when it
-    is not one, is truncated, or belongs to another folder (the row is then untouched)."""
+    is not one, is truncated, belongs to another folder or was written under another prefill mode
+    (whose positions this one would compute otherwise); the row is then untouched."""
     try:
         with np.load(path, allow_pickle=False) as saved:
             contents = {name: saved[name] for name in saved.files}
         meta = json.loads(str(contents.pop("meta")))
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
         raise SlotFileError(f"{path.name} is not a readable slot file ({error})") from None
-    if meta.get("format") != SLOT_FILE_FORMAT:
-        raise SlotFileError(f"{path.name} is not a slot file of this version ({meta.get('format')!r})")
-    if meta["folder"] != folder_identity(model):
+    if not isinstance(meta, dict) or meta.get("format") != SLOT_FILE_FORMAT:
+        raise SlotFileError(f"{path.name} is not a slot file of this version")
+    if meta.get("folder") != folder_identity(model):
         raise SlotFileError(f"{path.name} was saved from another model folder (or another export of it)")
-    length, capacity = int(meta["length"]), slot.cache.capacity
-    blocks = -(-length // model.sidecar.settings.block_size)
-    if not 0 <= length <= capacity or len(meta["tokens"]) != length:
+    if meta.get("prefill") != prefill:
+        raise SlotFileError(f"{path.name} was saved by a {meta.get('prefill')!r} prefill; this one is {prefill!r}")
+    length, tokens, reusable = meta.get("length"), meta.get("tokens"), meta.get("reusable")
+    capacity, vocab = slot.cache.capacity, model.vocab_size
+    if not (type(length) is int and type(reusable) is int and isinstance(tokens, list)
+            and all(type(t) is int and 0 <= t < vocab for t in tokens)):
+        raise SlotFileError(f"{path.name}: its length, reusable count or tokens are not what a slot file holds")
+    if not 0 <= length <= capacity or len(tokens) != length:
         raise SlotFileError(f"{path.name} holds {length} tokens; the cache holds {capacity}")
+    blocks = -(-length // model.sidecar.settings.block_size)
     targets = {f"{index}.{role}": array for index, layer in enumerate(slot.cache.layers) for role, array in layer.items()}
     if contents.keys() != targets.keys():
         raise SlotFileError(f"{path.name} holds other caches than this folder's")
@@ -368,6 +376,6 @@ def restore_slot(model, slot: Slot, path: pathlib.Path) -> int:
     for name, array in contents.items():
         targets[name][0, :, : array.shape[1]] = array
     slot.cache.lengths[0] = length
-    slot.cached[:] = [int(token) for token in meta["tokens"]]
-    slot.reusable = min(int(meta["reusable"]), length)
+    slot.cached[:] = tokens
+    slot.reusable = max(0, min(reusable, length))
     return length

@@ -149,6 +149,8 @@ def test_a_foreign_or_truncated_slot_file_is_refused_by_name_and_the_slot_is_unt
         other.restore_slot(0, path)
     with pytest.raises(SlotFileError, match="cut.npz is not a readable slot file"):
         generator.restore_slot(0, truncated)
+    with pytest.raises(SlotFileError, match="mine.npz was saved by a 'exact' prefill; this one is 'sparse'"):
+        TextGenerator(_model(), prefill="sparse").restore_slot(0, path)
     assert other.cached == held
     stream = generator.complete(_prompts(30)[0], max_new_tokens=40)
     next(stream)
