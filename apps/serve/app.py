@@ -135,11 +135,16 @@ class Server:
                     return {"done": progress.done, "total": progress.total}
         return None
 
-    async def submit(self, job: Job, emit: Callable[[Delta | Progress], None]) -> TextStream | None:
-        """Runs the job in a slot, waiting in the queue for one; QueueFullError when the queue is full."""
+    def check_room(self) -> None:
+        """QueueFullError when every slot is busy and the queue is full: checked before a response
+        starts (a stream's 200 goes out before its job is submitted)."""
         with self._lock:
             if self.queued >= self.slots + self.queue:
                 raise QueueFullError(f"all {self.slots} slots are busy and {self.queue} requests wait; try again")
+
+    async def submit(self, job: Job, emit: Callable[[Delta | Progress], None]) -> TextStream | None:
+        """Runs the job in a slot, waiting in the queue for one."""
+        with self._lock:
             self.queued += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(self._worker, self.run, job, emit)
@@ -296,6 +301,7 @@ def create_app(generator: TextGenerator, name: str, queue: int = DEFAULT_QUEUE, 
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError("'stream' must be true or false", "stream")
+        server.check_room()
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"

@@ -274,6 +274,9 @@ def test_a_request_past_the_slots_and_the_queue_is_a_503_with_retry_after():
             urllib.request.urlopen(request, timeout=30)
         assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "1"
         assert "slots are busy" in json.loads(refused.value.read())["error"]["message"]
+        with pytest.raises(openai.APIStatusError) as streamed:  # a stream too: refused before its 200
+            ask(url, "Hi", 4, stream=True)
+        assert streamed.value.status_code == 503
         stream.close()
 
 
