@@ -12,7 +12,7 @@ import pytest
 from quest_ort.runtime.chat import TextGenerator
 from quest_ort.runtime.generate import GeneratorBusyError
 from quest_ort.runtime.model import QuestModel
-from quest_ort.runtime.slots import SlotFileError
+from quest_ort.runtime.slots import SlotFileError, token_logprobs
 from quest_ort.export.default_tokenizer import END_OF_TURN_ID
 from support.export_models import TEXT_VOCAB, text_export
 
@@ -171,3 +171,16 @@ def test_a_dropped_stream_frees_its_slot_without_taking_a_lock():
     other = _prompts(30, seed=8)[0]
     follow = generator.complete(other, max_new_tokens=6)
     assert follow.read() is not None and follow.tokens == _alone(other, 6)[0]
+
+
+@pytest.mark.parametrize("top", [0, 1, 5, 20])
+def test_token_logprobs_are_the_log_softmax_and_its_top_by_a_full_sort(top):
+    rng = np.random.default_rng(top)
+    for logits in (rng.standard_normal(300).astype(np.float32), np.round(rng.standard_normal(300), 1),
+                   np.repeat(np.float32(2.0), 30)):  # ties: the smaller id first, as a stable sort orders them
+        expected = logits.astype(np.float64) - logits.max()
+        expected -= np.log(np.exp(expected).sum())
+        order = np.argsort(-expected, kind="stable")[:top]
+        entry = token_logprobs(logits, 7, top)
+        assert entry.logprob == expected[7]
+        assert entry.top == tuple((int(t), float(expected[t])) for t in order)
