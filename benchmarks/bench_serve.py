@@ -9,8 +9,9 @@ MAX_TOKENS tokens, with logprobs (each chunk then says how many tokens it carrie
   the aggregate decode rate, tokens per second over the window where every client decodes (after
   the last first token, before the first reply ends; the whole run's tokens over its span too);
 - the same 4 clients on `--parallel 1` (requests queued, one at a time), for comparison;
-- prefix reuse: a conversation's first token cold, then resent with its reply and one more turn
-  after another client's request (the first token's time, and the cached tokens usage reports);
+- prefix reuse: a conversation's first token cold, then resent with its reply (of 64, then 128
+  tokens) and one more turn after another client's request (the first token's time, and the
+  cached tokens usage reports);
 - what sharing a batch changes: the same request alone (on the --parallel 1 server) and among 4
   (on the --parallel 8 one): whether the text matches and the largest logprob difference.
 
@@ -37,6 +38,7 @@ from .bench_text import ensure_folder
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MAX_TOKENS = 128
 CLIENTS = (1, 2, 4, 8)
+REUSE_REPLY_TOKENS = (64, 128)  # the resent conversation's reply, prefilled again with the new turn
 PARALLEL = 8
 
 
@@ -80,13 +82,13 @@ def client(url: str):
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=1200)
 
 
-def stream_reply(url: str, messages: list[dict], started: float) -> dict:
+def stream_reply(url: str, messages: list[dict], started: float, max_tokens: int = MAX_TOKENS) -> dict:
     """One streamed greedy reply: when each chunk came (seconds from `started`) and how many tokens it
     carried, its text, logprobs and usage."""
     stamps, counts, text, logprobs, usage = [], [], [], [], None
     sent = time.perf_counter() - started
     for chunk in client(url).chat.completions.create(
-            model="bench", messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True, logprobs=True,
+            model="bench", messages=messages, max_tokens=max_tokens, temperature=0, stream=True, logprobs=True,
             stream_options={"include_usage": True}):
         if chunk.usage is not None:
             usage = chunk.usage
@@ -129,13 +131,15 @@ def round_summary(replies: list[dict]) -> dict:
             "last_first_token_before_first_end": max(firsts) < min(ends)}
 
 
-def prefix_reuse(url: str) -> dict:
-    """A conversation cold, another client's request, then the conversation with its reply and one more turn."""
-    messages = prompt("conversation")
-    cold = stream_reply(url, messages, time.perf_counter())
+def prefix_reuse(url: str, reply_tokens: int) -> dict:
+    """A conversation cold (a reply of up to `reply_tokens`), another client's request, then the
+    conversation with its reply and one more turn: the reply is prefilled again (sparse decode steps
+    computed its keys), so the resent prompt's own work grows with it."""
+    messages = prompt(f"conversation {reply_tokens}")
+    cold = stream_reply(url, messages, time.perf_counter(), reply_tokens)
     stream_reply(url, prompt("interloper"), time.perf_counter())
     resent = [*messages, {"role": "assistant", "content": cold["text"]}, {"role": "user", "content": "Continue."}]
-    warm = stream_reply(url, resent, time.perf_counter())
+    warm = stream_reply(url, resent, time.perf_counter(), reply_tokens)
     cold_s, warm_s = cold["stamps"][0] - cold["sent"], warm["stamps"][0] - warm["sent"]
     return {"cold_first_token_s": round(cold_s, 3), "resent_first_token_s": round(warm_s, 3),
             "speedup": round(cold_s / warm_s, 1), "resent_prompt_tokens": warm["prompt_tokens"],
@@ -190,14 +194,14 @@ def main(argv=None):
                     "max_logprob_difference": max((abs(a - b) for a, b in zip(batched["logprobs"], alone["logprobs"])),
                                                   default=0.0)}
                 print(f"the same request alone and among 4: {report['batch_effect']}", flush=True)
-        report["prefix_reuse"] = prefix_reuse(url)
+        report["prefix_reuse"] = {str(tokens): prefix_reuse(url, tokens) for tokens in REUSE_REPLY_TOKENS}
         print(f"prefix reuse: {report['prefix_reuse']}", flush=True)
     one = report["rounds"][0]["decode_tokens_per_s"]
     four = next(r for r in report["rounds"] if r["clients"] == 4)
     report["summary"] = {
         "decode_4_clients_over_1": round(four["decode_tokens_per_s"] / one, 2) if one and four["decode_tokens_per_s"] else None,
         "fourth_first_token_before_first_end": four["last_first_token_before_first_end"],
-        "prefix_reuse_speedup": report["prefix_reuse"]["speedup"]}
+        "prefix_reuse_speedup": {tokens: reuse["speedup"] for tokens, reuse in report["prefix_reuse"].items()}}
     print(json.dumps(report["summary"]), flush=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1) + "\n")
