@@ -222,10 +222,16 @@ class Slots:
         for its logits), with a sparse prefill where this prompt's own sparse part would have
         computed them, on a chunk boundary."""
         shared = self._shared(slot, prompt)
-        if self.prefill == "sparse":
-            size = self.model.sidecar.settings.chunk_size
-            shared = min(shared, prefill_segments(len(prompt), "sparse")[0][0]) // size * size
-        return shared
+        if self.prefill != "sparse":
+            return shared
+        size = self.model.sidecar.settings.chunk_size
+        return min(shared, self._sparse_chunks_end(len(prompt))) // size * size
+
+    def _sparse_chunks_end(self, prompt_length: int) -> int:
+        """Where the whole chunks of a sparse prefill of `prompt_length` tokens end (before its exact
+        tail), counted from position 0 as a fresh prefill's chunks are."""
+        size = self.model.sidecar.settings.chunk_size
+        return prefill_segments(prompt_length, "sparse")[0][0] // size * size
 
     def _keepable(self, slot: Slot, prompt: list[int]) -> int:
         """What _reuse would keep (a metadata block's worth at least, or nothing)."""
@@ -248,8 +254,7 @@ class Slots:
             return prompt_length
         if self.prefill == "per-token":
             return 0
-        size = self.model.sidecar.settings.chunk_size
-        return max(kept, prefill_segments(prompt_length, "sparse")[0][0] // size * size)
+        return max(kept, self._sparse_chunks_end(prompt_length))
 
     def run_round(self) -> None:
         """One prefill chunk of one slot (in turns), then one decode step of every slot with a token
