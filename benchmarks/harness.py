@@ -64,9 +64,10 @@ def read_bandwidth(threads: int, gigabytes: float = 1.0, repeats: int = 5) -> fl
 
 
 def gqa_decode_model(num_heads: int, kv_num_heads: int, head_dim: int, capacity: int, dtype,
-                     int8_kv: bool = False) -> onnx.ModelProto:
-    """ONNX Runtime's com.microsoft.GroupQueryAttention for one decode token over a [B,N,C,D] cache
-    whose present outputs are bound to the past inputs (past_present_share_buffer).
+                     int8_kv: bool = False, query_len: int = 1) -> onnx.ModelProto:
+    """ONNX Runtime's com.microsoft.GroupQueryAttention for `query_len` tokens (one decode token by
+    default, a prompt step with more) over a [B,N,C,D] cache whose present outputs are bound to the
+    past inputs (past_present_share_buffer).
 
     `int8_kv`: its int8 KV cache (ONNX Runtime >= 1.32 on CPU): k_quant_type / v_quant_type
     PER_CHANNEL, kv_cache_bit_width 8, and float32 scales [N, 1, D] as inputs k_scale and v_scale
@@ -85,14 +86,14 @@ def gqa_decode_model(num_heads: int, kv_num_heads: int, head_dim: int, capacity:
                             domain="com.microsoft", **attributes)
     graph = helper.make_graph(
         [node], "gqa_decode",
-        [helper.make_tensor_value_info("query", t, ["B", 1, H * D]),
-         helper.make_tensor_value_info("key", t, ["B", 1, N * D]),
-         helper.make_tensor_value_info("value", t, ["B", 1, N * D]),
+        [helper.make_tensor_value_info("query", t, ["B", query_len, H * D]),
+         helper.make_tensor_value_info("key", t, ["B", query_len, N * D]),
+         helper.make_tensor_value_info("value", t, ["B", query_len, N * D]),
          helper.make_tensor_value_info("past_key", kv, ["B", N, C, D]),
          helper.make_tensor_value_info("past_value", kv, ["B", N, C, D]),
          helper.make_tensor_value_info("seqlens_k", onnx.TensorProto.INT32, ["B"]),
          helper.make_tensor_value_info("total_sequence_length", onnx.TensorProto.INT32, [])] + scales,
-        [helper.make_tensor_value_info("output", t, ["B", 1, H * D]),
+        [helper.make_tensor_value_info("output", t, ["B", query_len, H * D]),
          helper.make_tensor_value_info("present_key", kv, ["B", N, C, D]),
          helper.make_tensor_value_info("present_value", kv, ["B", N, C, D])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])

@@ -17,6 +17,8 @@ struct Lanes {
   // Register tiling that fits the 32 vector registers (four per Lanes): key rows per logits tile
   // and 16-lane chunks per value tile, for `heads` query rows (1 to 4).
   static constexpr int tile_rows(int) { return 1; }
+  static constexpr int kLogitHeads = 4;  // query rows per logits tile
+  static constexpr bool kLogits2x2 = false;  // no 2 x 2 logits tile of its own
   static constexpr int value_chunks(int) { return 1; }
   static constexpr int kMetadataChunks = 2;  // chunks of running max and min kept in registers
   static constexpr bool kFold16 = false;  // no 4 x 4 fold: the logits tile holds one key row

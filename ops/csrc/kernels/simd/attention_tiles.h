@@ -26,32 +26,57 @@ struct SpreadPrefetch {
       : next(static_cast<const char*>(begin)), end(begin == nullptr ? nullptr : next + bytes),
         lines_per_tick(((bytes + 63) / 64 + ticks - 1) / std::max<int64_t>(1, ticks)) {}
 
+  bool active() const { return next < end; }
+
   QUEST_INLINE void tick() {
     for (int64_t i = 0; i < lines_per_tick && next < end; ++i, next += 64) __builtin_prefetch(next, 0, 2);
   }
 };
 
+// The unfolded canonical sums of `Heads` (1 to 4) query rows against `Rows` consecutive key rows
+// (`D` apart, D values each) into acc[h * Rows + r], each key chunk loaded once for all the heads.
+// `Full`: D is a multiple of 16 (widened rows), no chunk is partial; `Prefetching`: each chunk
+// ticks `ahead` (else it is not touched). Both are compile-time, so the loop holds only loads and
+// multiply-adds. An ISA with a tile of its own for 2 x 2 (AVX2: Lanes::logits_2x2) takes it there.
+template <int Heads, int Rows, bool Full, bool Prefetching, typename TC>
+QUEST_INLINE void accumulate_logits(const float* q, int64_t Dp, const TC* keys, int64_t D, Lanes* acc,
+                                    SpreadPrefetch* ahead) {
+  using Tile = std::conditional_t<Heads == 4, Lanes, Lanes>;  // dependent: looked up only if used
+  if constexpr (Heads == 2 && Rows == 2 && Full && std::is_same_v<TC, float> && Tile::kLogits2x2) {
+    Tile::logits_2x2(q, q + Dp, keys, keys + D, D, acc, [&] {
+      if constexpr (Prefetching) ahead->tick();
+    });
+    return;
+  }
+  unrolled<Heads * Rows>([&](auto j) { acc[j] = Lanes::zero(); });
+  for (int64_t d = 0; d < D; d += kChunk) {
+    if constexpr (Prefetching) ahead->tick();
+    Lanes x[Heads];
+    unrolled<Heads>([&](auto h) { x[h] = Lanes::load(q + h * Dp + d); });
+    unrolled<Rows>([&](auto r) {
+      const Lanes k = load_lanes<Full>(keys + r * D, d, D);
+      unrolled<Heads>([&](auto h) { acc[h * Rows + r] = Lanes::fma(x[h], k, acc[h * Rows + r]); });
+    });
+  }
+}
+
 // logits[h * Pp + t] = fused dot(query row h, key row t) for `Heads` (1 to 4) query rows and `Rows`
-// consecutive key rows (`D` apart, D values each): Heads x Rows independent canonical sums in
-// registers, each key chunk loaded once for all the heads.
-template <int Heads, int Rows, typename TC>
+// consecutive key rows: Heads x Rows independent canonical sums in registers, then folded.
+template <int Heads, int Rows, bool Full, bool Prefetching, typename TC>
 QUEST_INLINE void logits_tile(const float* q, int64_t Dp, const TC* keys, int64_t D, float* logits, int64_t Pp,
                               SpreadPrefetch* ahead) {
   static_assert(Heads >= 1 && Heads <= 4, "one to four query rows per tile");
   Lanes acc[Heads * Rows];
-  unrolled<Heads * Rows>([&](auto j) { acc[j] = Lanes::zero(); });
-  for (int64_t d = 0; d < D; d += kChunk) {
-    if (ahead != nullptr) ahead->tick();
-    Lanes x[Heads];
-    unrolled<Heads>([&](auto h) { x[h] = Lanes::load(q + h * Dp + d); });
-    unrolled<Rows>([&](auto r) {
-      const Lanes k = load_row(keys + r * D, d, D);
-      unrolled<Heads>([&](auto h) { acc[h * Rows + r] = Lanes::fma(x[h], k, acc[h * Rows + r]); });
-    });
-  }
+  accumulate_logits<Heads, Rows, Full, Prefetching>(q, Dp, keys, D, acc, ahead);
   using Tile = std::conditional_t<Heads == 4, Lanes, Lanes>;  // dependent: fold16 is looked up only if used
   if constexpr (Heads == 4 && Rows == 4 && Tile::kFold16) {
     Tile::fold16(acc, logits, Pp);
+    return;
+  }
+  if constexpr (Heads == 2 && Rows == 2) {  // the four sums folded together
+    float folded[4];
+    Lanes::fold4(acc[0], acc[1], acc[2], acc[3], folded);
+    for (int j = 0; j < 4; ++j) logits[(j / Rows) * Pp + j % Rows] = folded[j];
     return;
   }
   unrolled<Rows>([&](auto r) {
@@ -88,20 +113,32 @@ QUEST_INLINE void head_logits(const float* queries, int64_t g, int64_t Dp, const
   constexpr int kRows = Lanes::tile_rows(Heads);
   const TC* keys = rows.keys;
   const int64_t count = rows.count, D = rows.D;
-  int64_t t = 0;
-  for (; t + kRows <= count; t += kRows)
-    logits_tile<Heads, kRows>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp, &values);
-  for (; t < count; ++t) logits_tile<Heads, 1>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp, &values);
+  const auto walk = [&]<bool Full, bool Prefetching>() {
+    int64_t t = 0;
+    for (; t + kRows <= count; t += kRows)
+      logits_tile<Heads, kRows, Full, Prefetching>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp,
+                                                   &values);
+    for (; t < count; ++t)
+      logits_tile<Heads, 1, Full, Prefetching>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp, &values);
+  };
+  const bool full = D % kChunk == 0, prefetching = values.active();
+  if (full && !prefetching)
+    walk.template operator()<true, false>();
+  else if (full)
+    walk.template operator()<true, true>();
+  else
+    walk.template operator()<false, true>();
 }
 
-// Steps head_logits makes for `rows_count` query rows in groups of four (tiles of key rows x
-// 16-lane chunks, one tick each): what the prefetches are spread over.
+// Steps head_logits makes for `rows_count` query rows in groups of Lanes::kLogitHeads (tiles of key
+// rows x 16-lane chunks, one tick each): what the prefetches are spread over.
 inline int64_t key_pass_steps(int64_t count, int64_t D, int64_t rows_count) {
   const auto group = [&](int64_t heads) {
     const int64_t rows = Lanes::tile_rows(static_cast<int>(heads));
     return (count / rows + count % rows) * ((D + kChunk - 1) / kChunk);
   };
-  return rows_count / 4 * group(4) + (rows_count % 4 != 0 ? group(rows_count % 4) : 0);
+  constexpr int64_t kHeads = Lanes::kLogitHeads;
+  return rows_count / kHeads * group(kHeads) + (rows_count % kHeads != 0 ? group(rows_count % kHeads) : 0);
 }
 
 // x[g * Pp + t] *= scales[t] for `rows_count` rows and positions [0, count): an int8 cache's row
@@ -115,7 +152,7 @@ QUEST_INLINE void times_row_scales(float* x, int64_t rows_count, int64_t count, 
 }
 
 // Scaled (and soft-capped) logits [rows][count] of `rows` query rows against key rows [0, count):
-// four rows at a time, then the one to three left.
+// Lanes::kLogitHeads rows at a time, then the ones left.
 template <typename TC>
 void step_logits(const float* queries, int64_t rows_count, int64_t Dp, const RowStream<TC>& rows, int64_t Pp,
                  const SparseBlockAttentionParams& prm, float* logits) {
@@ -123,7 +160,8 @@ void step_logits(const float* queries, int64_t rows_count, int64_t Dp, const Row
   const int64_t steps = key_pass_steps(count, rows.D, rows_count);
   SpreadPrefetch values(rows.prefetching ? rows.values : nullptr, count * rows.row_bytes(), steps);
   int64_t g = 0;
-  for (; g + 4 <= rows_count; g += 4) head_logits<4>(queries, g, Dp, rows, Pp, logits, values);
+  constexpr int kHeads = Lanes::kLogitHeads;
+  for (; g + kHeads <= rows_count; g += kHeads) head_logits<kHeads>(queries, g, Dp, rows, Pp, logits, values);
   switch (rows_count - g) {
     case 3: head_logits<3>(queries, g, Dp, rows, Pp, logits, values); break;
     case 2: head_logits<2>(queries, g, Dp, rows, Pp, logits, values); break;
