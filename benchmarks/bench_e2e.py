@@ -238,14 +238,18 @@ def time_to_first_token(folders: dict, lengths, threads: int, on_row=None, runs=
 
 def merge_ttft_rows(earlier: dict[int, dict], rows: list[dict]) -> list[dict]:
     """The rows of a time-to-first-token run over the `earlier` rows (by prompt length): a length
-    measured now keeps the earlier runs it did not repeat, each marked `earlier_run` (its ratios
-    are not this run's: sparse_times_faster compares only the runs measured together)."""
+    measured now keeps the earlier runs it did not repeat, each marked `earlier_run` with the date
+    of its own run (one already marked keeps its mark). sparse_times_faster compares only runs
+    measured together: this run's ratios, and the earlier ones neither of whose runs it repeated."""
     merged = dict(earlier)
     for row in rows:
         old = earlier.get(row["tokens"], {})
-        kept = {label: dict(run, earlier_run=True, **({"date": old["date"]} if "date" in old else {}))
+        kept = {label: run if run.get("earlier_run") else
+                dict(run, earlier_run=True, **({"date": old["date"]} if "date" in old else {}))
                 for label, run in old.items() if isinstance(run, dict) and "seconds" in run and label not in row}
-        merged[row["tokens"]] = {**row, **kept}
+        ratios = {label: ratio for label, ratio in old.get("sparse_times_faster", {}).items()
+                  if label in kept and "quest-int8 sparse" in kept}
+        merged[row["tokens"]] = {**row, **kept, "sparse_times_faster": {**ratios, **row.get("sparse_times_faster", {})}}
     return [merged[tokens] for tokens in sorted(merged)]
 
 

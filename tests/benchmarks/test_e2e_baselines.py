@@ -89,3 +89,16 @@ def test_a_time_to_first_token_run_replaces_what_it_measures_and_marks_what_it_k
     assert merged[0]["quest-int8 exact"] == {"seconds": 27.0} and merged[0]["date"] == "2026-12-05"
     assert merged[0]["gqa-float16 exact"] == {"seconds": 28.5, "earlier_run": True, "date": "2026-12-04"}
     assert merged[0]["sparse_times_faster"] == {}
+
+
+def test_a_time_to_first_token_run_keeps_earlier_marks_and_the_ratios_it_did_not_touch():
+    """A run of one baseline alone: the Quest runs of the row stay with their ratio (measured together,
+    neither repeated), and a run an earlier merge marked keeps its own date, not the row's."""
+    earlier = {16384: {"tokens": 16384, "date": "2026-12-05", "quest-int8 exact": {"seconds": 246.5},
+                       "quest-int8 sparse": {"seconds": 111.3}, "sparse_times_faster": {"quest-int8 exact": 2.21},
+                       "gqa-float16 exact": {"seconds": 243.0, "earlier_run": True}}}
+    now = [{"tokens": 16384, "date": "2026-12-06", "gqa-int8 exact": {"seconds": 664.6}, "sparse_times_faster": {}}]
+    row = bench_e2e.merge_ttft_rows(earlier, now)[0]
+    assert row["sparse_times_faster"] == {"quest-int8 exact": 2.21}
+    assert row["quest-int8 sparse"] == {"seconds": 111.3, "earlier_run": True, "date": "2026-12-05"}
+    assert row["gqa-float16 exact"] == {"seconds": 243.0, "earlier_run": True}
