@@ -20,7 +20,8 @@ struct Lanes {
   // waiting on each other, and each chunk pass re-widened the int8 value rows (measured: the int8
   // exact walk of a decode step 1.3x faster). The logits take query rows two at a time (kLogitHeads):
   // a 2 x 2 tile loads four chunks for eight multiply-adds where four rows by one key loaded five
-  // (prefill's exact walk: 0.69 -> 0.80 of GroupQueryAttention's time at 4K, 0.61 -> 0.77 at 8K).
+  // (an exact 512-query prompt step, GroupQueryAttention's time over its own: 0.69 -> 0.75 at 4K,
+  // 0.61 -> 0.77 at 8K; make bench-prefill-step-avx2).
   static constexpr int tile_rows(int heads) { return heads <= 2 ? 4 / heads : 1; }
   static constexpr int kLogitHeads = 2;  // query rows per logits tile
   static constexpr int value_chunks(int heads) { return heads <= 2 ? 4 / heads : 1; }
