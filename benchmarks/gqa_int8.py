@@ -70,6 +70,8 @@ class Int8CacheGqa:
         aliases = {present: past for layer in self.sidecar.layers for present, past in layer.present_to_past().items()}
         self._step = InPlaceStep(self.session, aliases)
 
+    block_size = chunk_size = 1  # no metadata blocks, no chunks of queries (the units runtime/slots.py reads)
+
     def check_prefill(self, mode: str) -> None:
         """GroupQueryAttention prefills exactly in every mode."""
 

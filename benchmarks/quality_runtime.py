@@ -21,7 +21,8 @@ from quest_ort.model_folder.cache import LayerCaches, cache_layout
 from quest_ort.ops.reference import quest_metadata
 from quest_ort.ops.reference.int8_rows import dequantize_rows
 from quest_ort.runtime.buffers import cache_buffer
-from quest_ort.runtime.generate import PREFILL_CHUNK, choose, Sampling
+from quest_ort.runtime.generate import PREFILL_CHUNK
+from quest_ort.runtime.sampling import Sampling, choose
 from quest_ort.runtime.model import KVCache
 
 from .harness import blocks_per_kv_head

@@ -14,6 +14,10 @@ for step in generator.stream([[1, 2, 3], [4, 5]], Sampling(max_new_tokens=32, te
     print(step)                     # one new token per row, None once a row has stopped
 tokens = generator.generate(prompts, Sampling(max_new_tokens=64))  # greedy
 ```
+One loop runs every prompt and decode step of the package: runtime/slots.py's `Slots.run_round`.
+A Generator runs its prompts as slots, one cache row per prompt: each prompt prefilled on its own
+row, then every row's decode step in one batch. `prefill` and `greedy` are Generators, as are
+TextGenerator, Chat and `quest-ort serve` (runtime/chat.py, over slots that outlive a request).
 A Generator owns one cache, allocated at the first request and reused by the next ones (capacity
 and batch permitting). One cache serves one stream: while a stream is open, another request to the
 same Generator raises GeneratorBusyError (it would reset the cache under the open stream); a
@@ -34,18 +38,17 @@ import numpy as np
 
 from . import inputs
 from .model import CapacityError, KVCache
-from .sampling import Sampling, TokenHistory, choose
+from .sampling import Sampling
+from .slots import PREFILL_MODES, SPARSE_PREFILL_EXACT_TAIL, Reply, Slots, prefill_segments  # noqa: F401 (re-exported)
 
 PREFILL_CHUNK = 512
-PREFILL_MODES = ("exact", "sparse", "per-token")
-# A sparse prefill's last tokens, prefilled exactly (prefill_segments): one chunk of queries.
-SPARSE_PREFILL_EXACT_TAIL = 64
 ProgressCallback = Callable[[int, int], None]  # (prompt positions prefilled, of how many)
 
 
 class StepModel(Protocol):
     """What prefill, decoding and Generator need of a model: QuestModel (runtime/model.py) and
-    OptimumModel (runtime/dense.py) are such models."""
+    OptimumModel (runtime/dense.py) are such models. Its caches have `batch`, `capacity`, `lengths`
+    [B] and `row(b)`/`rows(start, stop)` views (runtime/slots.py runs a row per prompt)."""
 
     @property
     def vocab_size(self) -> int | None:
@@ -55,7 +58,18 @@ class StepModel(Protocol):
     def capacity(self) -> int | None:
         """The cache capacity a Generator allocates by default (None: what each request needs)."""
 
+    @property
+    def block_size(self) -> int:
+        """truncate keeps whole blocks of this many positions."""
+
+    @property
+    def chunk_size(self) -> int:
+        """A sparse prefill's chunk of queries."""
+
     def new_cache(self, batch: int, capacity: int | None = None) -> Any: ...
+
+    def truncate(self, cache: Any, length: int) -> int:
+        """Forget every row's tokens from `length` on (back to a block); returns the tokens kept."""
 
     def step(self, cache: Any, input_ids: np.ndarray, valid: np.ndarray | None = None, *,
              exact: bool = False, chunked: bool = False, last_logits: int | None = None) -> np.ndarray: ...
@@ -80,25 +94,30 @@ def check_progress(callback) -> ProgressCallback | None:
     return callback
 
 
-def prefill_segments(length: int, mode: str) -> list[tuple[int, str]]:
-    """How a prompt of `length` new tokens is prefilled: (end position, step mode) segments in order,
-    the step modes "exact", "sparse" (chunks select their blocks) or "per-token". A sparse prefill
-    reads its last SPARSE_PREFILL_EXACT_TAIL tokens exactly: the prompt's end, which a reply answers,
-    attends to every position (it costs a 64th of one 4K-position step per 4K of prompt)."""
-    if mode != "sparse":
-        return [(length, mode)]
-    return [(max(0, length - SPARSE_PREFILL_EXACT_TAIL), "sparse"), (length, "exact")]
+def _admit(slots: Slots, replies: list[Reply], on_prefill: ProgressCallback | None) -> None:
+    """Reply r into row r; `on_prefill(done, total)` over every row's prompt positions."""
+    if on_prefill is not None:
+        done, total = [0] * len(replies), sum(len(reply.prompt) for reply in replies)
+
+        def progress(row: int, fed: int) -> None:
+            done[row] = fed
+            on_prefill(sum(done), total)
+
+        for row, reply in enumerate(replies):
+            reply.on_prefill = lambda fed, _, row=row: progress(row, fed)
+    for row, reply in enumerate(replies):
+        slots.take(reply, row)
 
 
 def prefill(model: StepModel, cache: KVCache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK,
             mode: str = "exact", on_prefill: ProgressCallback | None = None) -> np.ndarray:
-    """Feed the prompts into an empty cache, at most `chunk` positions per step; returns the logits of
-    each prompt's last token [B, V]. `mode`: "exact" (every prompt token attends to every position
-    before it), "sparse" (each chunk of prompt tokens to its own blocks, a window and the blocks it
-    selects; the prompt's last SPARSE_PREFILL_EXACT_TAIL tokens exactly: prefill_segments) or
-    "per-token" (each selects its blocks, as decode does). Rows advance together through each
-    segment (right-padded where shorter). `on_prefill(done, total)` is called after each step with
-    the positions of the longest prompt fed so far."""
+    """Feed the prompts into an empty cache, prompt b into row b, at most `chunk` positions per step;
+    returns the logits of each prompt's last token [B, V]. The rows are prefilled one at a time
+    (runtime/slots.py: a row's prompt steps are those of a batch of one). `mode`: "exact" (every
+    prompt token attends to every position before it), "sparse" (each chunk of prompt tokens to its
+    own blocks, a window and the blocks it selects; the prompt's last SPARSE_PREFILL_EXACT_TAIL
+    tokens exactly: prefill_segments) or "per-token" (each selects its blocks, as decode does).
+    `on_prefill(done, total)` is called after each step with the positions fed over every row."""
     mode = check_prefill_mode(mode)
     model.check_prefill(mode)
     on_prefill = check_progress(on_prefill)
@@ -106,44 +125,18 @@ def prefill(model: StepModel, cache: KVCache, prompts: Sequence[Sequence[int]], 
     chunk = inputs.integer(chunk, "chunk", 1)
     if len(prompts) != cache.batch:
         raise ValueError(f"{len(prompts)} prompts for a cache of batch {cache.batch}")
-    lengths = np.array([len(p) for p in prompts], np.int32)
-    if (lengths > cache.capacity).any():
-        raise CapacityError(f"a prompt of {int(lengths.max())} tokens does not fit the cache capacity "
-                            f"{cache.capacity}; nothing was written")
-    width = int(lengths.max())
-    chunk = model.prefill_chunk(len(prompts), chunk)
-    ids = np.zeros((len(prompts), width + min(chunk, width)), np.int64)  # room for a step's padding past a row's end
-    for row, prompt in enumerate(prompts):
-        ids[row, : len(prompt)] = prompt
-    schedules = [prefill_segments(int(length), mode) for length in lengths]
-    fed = np.zeros(len(prompts), np.int64)  # positions each row holds
-    last = None
-    for phase in range(len(schedules[0])):
-        # the rows' ends of this phase, and its step mode (every row's schedule has the same modes)
-        ends = np.array([schedule[phase][0] for schedule in schedules], np.int64)
-        step_mode = schedules[0][phase][1]
-        while (fed < ends).any():
-            # every row places the step's positions, padding included: none past the capacity
-            positions = int(min(chunk, (ends - fed).max(), (cache.capacity - fed).min()))
-            if positions < 1:
-                raise CapacityError(f"a full row leaves no room for the other rows' prompt steps (capacity "
-                                    f"{cache.capacity}); nothing more was written")
-            valid = np.clip(ends - fed, 0, positions).astype(np.int32)
-            step_ids = np.stack([ids[row, start : start + positions] for row, start in enumerate(fed)])
-            ending = np.flatnonzero((valid > 0) & (fed + valid == lengths))  # rows whose prompt ends here
-            # only the positions from the earliest prompt end on need logits (the head runs for them alone)
-            kept = positions - int((valid[ending] - 1).min()) if len(ending) else 1
-            logits = model.step(cache, step_ids, valid=valid, exact=step_mode == "exact",
-                                chunked=step_mode == "sparse", last_logits=kept)
-            if last is None:
-                last = np.zeros((len(prompts), logits.shape[-1]), np.float32)
-            for row in ending:
-                last[row] = logits[row, valid[row] - 1 - (positions - kept)]
-            del logits  # before the next step makes its own
-            fed += valid
-            if on_prefill is not None:
-                on_prefill(int(fed.max()), width)
-    return last
+    if cache.lengths.any():
+        raise ValueError("prefill needs an empty cache (reset() it, or take a new one)")
+    longest = max(len(prompt) for prompt in prompts)
+    if cache.capacity is not None and longest > cache.capacity:
+        raise CapacityError(f"a prompt of {longest} tokens does not fit the cache capacity {cache.capacity}; "
+                            "nothing was written")
+    slots = Slots(model, cache.batch, cache.capacity, mode, chunk, cache=cache)
+    replies = [Reply(prompt.tolist(), Sampling(max_new_tokens=0)) for prompt in prompts]
+    _admit(slots, replies, on_prefill)
+    while not all(reply.ended for reply in replies):
+        slots.run_round()
+    return np.stack([reply.logits for reply in replies]).astype(np.float32, copy=False)
 
 
 class GeneratorBusyError(RuntimeError):
@@ -160,6 +153,7 @@ class Stream:
 
     def __init__(self, steps: Iterator[list[int | None]], release):
         self._steps, self._release = steps, release
+        self.logits: list[list[np.ndarray]] | None = None  # per row, when kept (Generator.stream keep_logits)
 
     def __iter__(self) -> Stream:
         return self
@@ -203,21 +197,26 @@ class Generator:
                                 "folder was exported and validated for)")
         self.prefill = check_prefill_mode(prefill)
         model.check_prefill(self.prefill)
-        self.cache: KVCache | None = None
+        self._slots: Slots | None = None
         # Held by the open stream. A lock rather than a flag: two threads asking at once cannot both
         # get the cache. Streams hold its release, not the Generator, so dropping one frees it at once.
         self._busy = threading.Lock()
 
-    def _cache_for(self, batch: int, needed: int) -> KVCache:
+    @property
+    def cache(self) -> KVCache | None:
+        """The cache of the last request (a row per prompt), None before the first."""
+        return None if self._slots is None else self._slots.cache
+
+    def _slots_for(self, batch: int, needed: int) -> Slots:
         capacity = self.capacity or self.model.capacity or needed
         if needed > capacity:
             raise CapacityError(f"the request needs {needed} tokens per row, past the cache capacity {capacity}; "
                                 "nothing was written")
-        if self.cache is None or self.cache.batch != batch or self.cache.capacity != capacity:
-            self.cache = self.model.new_cache(batch, capacity)
+        if self._slots is None or self._slots.cache.batch != batch or self._slots.cache.capacity != capacity:
+            self._slots = Slots(self.model, batch, capacity, self.prefill, PREFILL_CHUNK)
         else:
-            self.cache.reset()
-        return self.cache
+            self._slots.clear()
+        return self._slots
 
     def _check_request(self, prompts, sampling) -> list[np.ndarray]:
         """The prompts as token id arrays, once every argument is known good."""
@@ -231,10 +230,14 @@ class Generator:
         return rows
 
     def stream(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling(), *,
-               on_prefill: ProgressCallback | None = None) -> Stream:
+               on_prefill: ProgressCallback | None = None, keep_logits: bool = False) -> Stream:
         """A Stream yielding, per step, each row's new token (None for rows that already stopped).
+        Each row runs in its own row of the cache as a slot of runtime/slots.py does: its prompt
+        prefilled alone, its decode steps batched with the other rows'; it samples from its own
+        generator seeded with `sampling.seed` (a row's tokens do not depend on the other rows).
         `on_prefill(done, total)`: called after each prefill step with the prompt positions fed so
-        far (a long prompt's progress).
+        far over every row (a long prompt's progress). `keep_logits`: the stream's `logits[row]`
+        holds the logits each of that row's tokens was chosen from.
 
         The arguments are checked, and the cache prepared, when stream is called: a bad argument, a
         request past the capacity, or GeneratorBusyError while another stream of this Generator is
@@ -246,32 +249,31 @@ class Generator:
                 "a stream of this Generator is open and its cache is in use: exhaust or close() that stream "
                 "first, or use another Generator (Generators may share one QuestModel)")
         try:
-            cache = self._cache_for(len(prompts), max(len(p) for p in prompts) + sampling.max_new_tokens)
+            slots = self._slots_for(len(prompts), max(len(p) for p in prompts) + sampling.max_new_tokens)
         except BaseException:
             self._busy.release()
             raise
-        return Stream(self._steps(cache, prompts, sampling, on_prefill), self._busy.release)
+        replies = [Reply(prompt.tolist(), sampling, keep_logits=keep_logits) for prompt in prompts]
+        stream = Stream(self._steps(slots, replies, on_prefill), self._busy.release)
+        stream.logits = [reply.step_logits for reply in replies] if keep_logits else None
+        return stream
 
-    def _steps(self, cache: KVCache, prompts: list[np.ndarray], sampling: Sampling,
-               on_prefill: ProgressCallback | None) -> Iterator[list[int | None]]:
-        rng = np.random.default_rng(sampling.seed)
-        if sampling.max_new_tokens == 0:
+    @staticmethod
+    def _steps(slots: Slots, replies: list[Reply], on_prefill: ProgressCallback | None) -> Iterator[list[int | None]]:
+        """Rounds of the slots until every row has its next token (or has stopped), then that step."""
+        if replies[0].sampling.max_new_tokens == 0:
             return
-        logits = prefill(self.model, cache, prompts, mode=self.prefill, on_prefill=on_prefill)
-        history = TokenHistory(prompts, logits.shape[-1]) if sampling.penalised else None
-        done = np.zeros(len(prompts), bool)
-        for step in range(sampling.max_new_tokens):
-            tokens = choose(logits, sampling, rng, history)
-            new = [None if done[row] else int(tokens[row]) for row in range(len(prompts))]
-            if history is not None:
-                history.add(new)
-            yield new
-            done |= np.isin(tokens, sampling.stop_tokens)
-            if done.all() or step + 1 == sampling.max_new_tokens:
+        _admit(slots, replies, on_prefill)
+        # Every prompt first, then the rows decode in one batch per step (a row running ahead of the
+        # others would yield nothing sooner: a step waits for every row's token).
+        while any(reply.logits is None and not reply.ended for reply in replies):
+            slots.run_round(decode=False)
+        for step in range(replies[0].sampling.max_new_tokens):
+            while not all(reply.ended or len(reply.tokens) > step for reply in replies):
+                slots.run_round()
+            if all(len(reply.tokens) <= step for reply in replies):
                 return
-            # Finished rows keep stepping with a masked token (valid = 0) so the batch stays aligned.
-            valid = (~done).astype(np.int32)
-            logits = self.model.step(cache, tokens[:, None].astype(np.int64), valid=valid)[:, 0]
+            yield [reply.tokens[step] if len(reply.tokens) > step else None for reply in replies]
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling(), *,
                  on_prefill: ProgressCallback | None = None) -> list[list[int]]:
@@ -287,19 +289,13 @@ class Generator:
 
 def greedy(model: StepModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, capacity: int | None = None,
            return_logits: bool = False, prefill_mode: str = "exact"):
-    """Greedy continuation of each prompt (and, if asked, the logits of every step), for tests and
-    comparisons where the logits matter."""
-    prompts = inputs.prompts(prompts, model.vocab_size)
+    """Greedy continuation of each prompt by a Generator (and, if asked, the logits of every step
+    [B, V], the first the prompt's), for tests and comparisons where the logits matter."""
     max_new_tokens = inputs.integer(max_new_tokens, "max_new_tokens", 0)
-    cache = model.new_cache(len(prompts), capacity)
-    last = prefill(model, cache, prompts, mode=prefill_mode)
-    steps, tokens = [last], [[] for _ in prompts]
-    for step in range(max_new_tokens):
-        chosen = last.argmax(-1)
-        for row, token in enumerate(chosen):
-            tokens[row].append(int(token))
-        if step + 1 == max_new_tokens:
-            break
-        last = model.step(cache, chosen[:, None].astype(np.int64))[:, 0]
-        steps.append(last)
-    return (tokens, steps) if return_logits else tokens
+    generator = Generator(model, capacity, prefill=prefill_mode)
+    with generator.stream(prompts, Sampling(max_new_tokens=max_new_tokens), keep_logits=return_logits) as stream:
+        steps = list(stream)
+    tokens = [[step[row] for step in steps] for row in range(len(prompts))]
+    if not return_logits:
+        return tokens
+    return tokens, [np.stack([row[step] for row in stream.logits]) for step in range(len(steps))]

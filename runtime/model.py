@@ -147,6 +147,16 @@ class QuestModel:
         """The capacity the folder was exported for (new_cache's default)."""
         return self.sidecar.capacity
 
+    @property
+    def block_size(self) -> int:
+        """The metadata block: truncate keeps whole blocks."""
+        return self.sidecar.settings.block_size
+
+    @property
+    def chunk_size(self) -> int:
+        """A sparse prefill's chunk of queries (docs/ops.md, chunk queries)."""
+        return self.sidecar.settings.chunk_size
+
     def prefill_chunk(self, batch: int, preferred: int) -> int:
         """Positions per prefill step: `preferred`, except for the GroupQueryAttention baseline,
         which cannot continue a prompt of several rows (ONNX Runtime needs batch 1 for that)."""

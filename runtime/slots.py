@@ -39,12 +39,24 @@ from collections.abc import Callable
 import numpy as np
 
 from ..model_folder.sidecar import SIDECAR_NAME
-from .generate import prefill_segments
 from .model import KVCache
 from .sampling import Sampling, TokenHistory, choose
 from .text import StopText, TextDeltas
 
 LOGPROBS_MAX = 20  # alternatives per token, as OpenAI's top_logprobs
+PREFILL_MODES = ("exact", "sparse", "per-token")
+# A sparse prefill's last tokens, prefilled exactly (prefill_segments): one chunk of queries.
+SPARSE_PREFILL_EXACT_TAIL = 64
+
+
+def prefill_segments(length: int, mode: str) -> list[tuple[int, str]]:
+    """How a prompt of `length` new tokens is prefilled: (end position, step mode) segments in order,
+    the step modes "exact", "sparse" (chunks select their blocks) or "per-token". A sparse prefill
+    reads its last SPARSE_PREFILL_EXACT_TAIL tokens exactly: the prompt's end, which a reply answers,
+    attends to every position (it costs a 64th of one 4K-position step per 4K of prompt)."""
+    if mode != "sparse":
+        return [(length, mode)]
+    return [(max(0, length - SPARSE_PREFILL_EXACT_TAIL), "sparse"), (length, "exact")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +94,16 @@ class Usage:
 
 class Reply:
     """One request's generation in a slot: what is left of its prompt to prefill, its sampler, its
-    stop strings; the text it produced and not yet handed out (`pending`), and how it ended."""
+    stop strings; the text it produced and not yet handed out (`pending`), and how it ended.
+    Without a tokenizer it makes tokens only (Generator's rows: no text, no stop strings);
+    `keep_logits`: `step_logits` keeps the logits each token was chosen from."""
 
-    def __init__(self, prompt: list[int], sampling: Sampling, stop: tuple[str, ...], logprobs: int | None,
-                 on_prefill: Callable[[int, int], None] | None, tokenizer):
+    def __init__(self, prompt: list[int], sampling: Sampling, stop: tuple[str, ...] = (), logprobs: int | None = None,
+                 on_prefill: Callable[[int, int], None] | None = None, tokenizer=None, keep_logits: bool = False):
+        if stop and tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
         self.prompt, self.sampling, self.logprobs, self.on_prefill = prompt, sampling, logprobs, on_prefill
+        self.step_logits: list[np.ndarray] | None = [] if keep_logits else None
         self.usage = Usage(prompt_tokens=len(prompt))
         self.tokens: list[int] = []
         self.token_logprobs: list[TokenLogprob] = []
@@ -100,7 +117,8 @@ class Reply:
         self.feed: int | None = None  # the token the next decode step feeds
         self._rng = np.random.default_rng(sampling.seed)
         self._history: TokenHistory | None = None
-        self._deltas, self._stops = TextDeltas(tokenizer), StopText(stop)
+        self._deltas = None if tokenizer is None else TextDeltas(tokenizer)
+        self._stops = StopText(stop)
 
     @property
     def ended(self) -> bool:
@@ -124,6 +142,8 @@ class Reply:
         self.usage.decode_seconds += time.perf_counter() - began
         if self._history is not None:
             self._history.add([token])
+        if self.step_logits is not None:
+            self.step_logits.append(np.array(logits))  # a copy: `logits` is a view of the whole batch's step
         self.tokens.append(token)
         self.usage.completion_tokens += 1
         if token in sampling.stop_tokens:
@@ -131,7 +151,7 @@ class Reply:
             return
         if self.logprobs is not None:
             self.token_logprobs.append(token_logprobs(logits, token, self.logprobs))
-        text = self._stops.add(self._deltas.add(token))
+        text = "" if self._deltas is None else self._stops.add(self._deltas.add(token))
         if text:
             self.pending.append((text, len(self.token_logprobs)))
         if self._stops.stopped:
@@ -143,8 +163,7 @@ class Reply:
 
     def _finish(self, reason: str) -> None:
         """The end of the text: what the decoder and the stop strings held back, then the reason."""
-        text = self._stops.add(self._deltas.finish())
-        text += self._stops.finish()
+        text = "" if self._deltas is None else self._stops.add(self._deltas.finish()) + self._stops.finish()
         if text:
             self.pending.append((text, len(self.token_logprobs)))
         self.end("stop" if self._stops.stopped else reason)
@@ -169,11 +188,17 @@ class Slot:
 
 
 class Slots:
-    """N slots over one cache of N rows; `run_round` advances every running reply."""
+    """N slots over one cache of N rows; `run_round` advances every running reply.
 
-    def __init__(self, model, count: int, capacity: int, prefill: str, prefill_chunk: int):
-        self.model, self.prefill, self.prefill_chunk = model, prefill, prefill_chunk
-        self.cache = model.new_cache(count, capacity)
+    `model`: a StepModel (runtime/generate.py); `cache`: one of its caches to run in (default: a new
+    one of `count` rows and `capacity` tokens). A prompt is prefilled on its row alone, at most
+    `prefill_chunk` positions per step (as the model takes them: StepModel.prefill_chunk)."""
+
+    def __init__(self, model, count: int, capacity: int, prefill: str, prefill_chunk: int, *, cache=None):
+        self.model, self.prefill = model, prefill
+        self.prefill_chunk = model.prefill_chunk(1, prefill_chunk)
+        self.cache = model.new_cache(count, capacity) if cache is None else cache
+        count = self.cache.batch
         self.slots = [Slot(row, self.cache if count == 1 else self.cache.row(row)) for row in range(count)]
         self.lock = threading.Lock()  # one round at a time; taken by whoever drives the slots
         self._spans: dict[tuple[int, int], KVCache] = {}  # views of consecutive rows, made once
@@ -193,11 +218,21 @@ class Slots:
                 slot.reply.end("cancelled")
                 slot.reply = None
 
-    def take(self, reply: Reply) -> Slot | None:
-        """A free slot for `reply` (None: every slot runs one): the one whose reusable tokens share
-        the prompt's longest beginning, else the least recently used. Keeps what it can reuse."""
+    def clear(self) -> None:
+        """Forget every row's tokens and replies (the cache stays allocated)."""
+        for slot in self.slots:
+            if slot.reply is not None:
+                slot.reply.end("cancelled")
+            slot.reply, slot.reusable = None, 0
+            slot.cached.clear()
+        self.cache.reset()
+
+    def take(self, reply: Reply, row: int | None = None) -> Slot | None:
+        """A free slot for `reply` (None: every slot runs one): the slot of `row` when given (None
+        when it is busy), else the one whose reusable tokens share the prompt's longest beginning,
+        else the least recently used. Keeps what it can reuse."""
         self.sweep()
-        free = [slot for slot in self.slots if slot.reply is None]
+        free = [slot for slot in self.slots if slot.reply is None and row in (None, slot.row)]
         if not free:
             return None
         slot = max(free, key=lambda s: (self._keepable(s, reply.prompt), -s.used))
@@ -224,30 +259,35 @@ class Slots:
         shared = self._shared(slot, prompt)
         if self.prefill != "sparse":
             return shared
-        size = self.model.sidecar.settings.chunk_size
+        size = self.model.chunk_size
         return min(shared, self._sparse_chunks_end(len(prompt))) // size * size
 
     def _sparse_chunks_end(self, prompt_length: int) -> int:
         """Where the whole chunks of a sparse prefill of `prompt_length` tokens end (before its exact
         tail), counted from position 0 as a fresh prefill's chunks are."""
-        size = self.model.sidecar.settings.chunk_size
+        size = self.model.chunk_size
         return prefill_segments(prompt_length, "sparse")[0][0] // size * size
 
     def _keepable(self, slot: Slot, prompt: list[int]) -> int:
         """What _reuse would keep (a metadata block's worth at least, or nothing)."""
-        block = self.model.sidecar.settings.block_size
+        block = self.model.block_size
         return self._reusable_prefix(slot, prompt) // block * block
 
     def _reuse(self, slot: Slot, prompt: list[int]) -> int:
         """Keep the slot's reusable prefix of the prompt (back to a metadata block, QuestModel.truncate);
         returns how many tokens."""
-        size = self.model.sidecar.settings.chunk_size
-        kept = self.model.truncate(slot.cache, self._reusable_prefix(slot, prompt))
+        size = self.model.chunk_size
+        kept = self._truncate(slot, self._reusable_prefix(slot, prompt))
         if self.prefill == "sparse" and kept % size:
-            kept = self.model.truncate(slot.cache, kept // size * size)
+            kept = self._truncate(slot, kept // size * size)
         del slot.cached[kept:]
         slot.reusable = min(slot.reusable, kept)
         return kept
+
+    def _truncate(self, slot: Slot, length: int) -> int:
+        """The model's truncate, when the row holds more than `length` tokens (a fresh row: nothing)."""
+        held = int(slot.cache.lengths[0])
+        return self.model.truncate(slot.cache, length) if held > length else held
 
     def _reusable_after_prefill(self, prompt_length: int, kept: int) -> int:
         if self.prefill == "exact":
@@ -256,16 +296,16 @@ class Slots:
             return 0
         return max(kept, self._sparse_chunks_end(prompt_length))
 
-    def run_round(self) -> None:
-        """One prefill chunk of one slot (in turns), then one decode step of every slot with a token
-        to feed. Cancelled replies end first; a reply that ends frees its slot."""
+    def run_round(self, decode: bool = True) -> None:
+        """One prefill chunk of one slot (in turns), then (unless `decode` is False) one decode step of
+        every slot with a token to feed. Cancelled replies end first; a reply that ends frees its slot."""
         self.sweep()
         prefilling = [slot for slot in self.running if slot.reply.logits is None]
         if prefilling:
             slot = min(prefilling, key=lambda s: (s.row - self._turn) % len(self.slots))
             self._turn = (slot.row + 1) % len(self.slots)
             self._prefill_chunk(slot)
-        decoding = [slot for slot in self.running if slot.reply.feed is not None]
+        decoding = [slot for slot in self.running if slot.reply.feed is not None] if decode else []
         if decoding:
             self._decode(decoding)
         self.sweep()
@@ -302,7 +342,7 @@ class Slots:
         cache = self.cache if last - first + 1 == len(self.slots) else self._span(first, last + 1)
         for slot in self.slots[first : last + 1]:  # an idle row at the capacity has no room for the masked position
             if slot.reply is None and slot.cache.lengths[0] >= cache.capacity:
-                self.model.truncate(slot.cache, int(slot.cache.lengths[0]) - 1)
+                self._truncate(slot, int(slot.cache.lengths[0]) - 1)
                 del slot.cached[int(slot.cache.lengths[0]):]
                 slot.reusable = min(slot.reusable, len(slot.cached))
         ids = np.zeros((cache.batch, 1), np.int64)

@@ -42,6 +42,34 @@ def test_generate_matches_greedy_and_each_row_alone():
         assert Generator(model).generate([prompt], Sampling(max_new_tokens=12))[0] == batched[row]
 
 
+class _StepLog:
+    """A model that records each step's (batch, positions) and runs it on `model`."""
+
+    def __init__(self, model):
+        self.model, self.steps = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def step(self, cache, input_ids, valid=None, **options):
+        self.steps.append((cache.batch, input_ids.shape[1]))
+        return self.model.step(cache, input_ids, valid, **options)
+
+
+def test_a_generator_runs_its_rows_as_slots():
+    """The one token loop (runtime/slots.py): a Generator prefills each prompt on its own row (steps
+    of batch 1, in turns), then decodes every row in one step; `greedy` and `prefill` are that loop."""
+    logged = _StepLog(_quest())
+    Generator(logged).generate(_prompts(), Sampling(max_new_tokens=3))
+    assert logged.steps == [(1, 41), (1, 17), (1, 29), (3, 1), (3, 1)]
+    logged.steps.clear()
+    greedy(logged, _prompts()[:2], 2)
+    assert logged.steps == [(1, 41), (1, 17), (2, 1)]
+    logged.steps.clear()
+    prefill(logged, logged.new_cache(2, 64), _prompts()[:2], chunk=32)
+    assert logged.steps == [(1, 32), (1, 17), (1, 9)]
+
+
 def test_seeded_sampling_is_reproducible_and_cuts_behave():
     model = _quest()
     prompts = _prompts()
@@ -256,9 +284,9 @@ def test_a_sparse_prefill_whose_chunks_list_every_block_is_the_exact_prefill_bit
 
 
 def test_a_prefill_reports_its_progress_after_each_step():
-    """Generator's on_prefill(done, total): after each prefill step, the positions fed of the longest
-    prompt (a sparse prefill's last 64 tokens are a step of their own: exact); a callback that is not
-    callable is refused before anything runs."""
+    """Generator's on_prefill(done, total): after each prefill step, the positions fed over every row
+    (rows take their steps in turns; a sparse prefill's last 64 tokens are a step of their own:
+    exact); a callback that is not callable is refused before anything runs."""
     model = _quest()
     prompts = [list(range(1, 200)), list(range(3, 40))]
     seen = []
@@ -267,16 +295,17 @@ def test_a_prefill_reports_its_progress_after_each_step():
         generator.generate(prompts, Sampling(max_new_tokens=2), on_prefill=42)
     prefill(model, model.new_cache(2, 256), prompts, chunk=64, mode="sparse",
             on_prefill=lambda done, total: seen.append((done, total)))
-    assert seen == [(64, 199), (128, 199), (135, 199), (199, 199)]
+    # row 0: 64 + 64 + 7 sparse, 64 exact; row 1 (37 tokens, all in its exact tail): 37
+    assert seen == [(64, 236), (101, 236), (165, 236), (172, 236), (236, 236)]
     steps = []
     tokens = generator.generate(prompts, Sampling(max_new_tokens=2), on_prefill=lambda d, t: steps.append((d, t)))
-    assert steps == [(135, 199), (199, 199)] and [len(row) for row in tokens] == [2, 2]
+    assert steps == [(135, 236), (172, 236), (236, 236)] and [len(row) for row in tokens] == [2, 2]
 
 
 def test_a_sparse_prefill_of_rows_of_different_lengths_is_each_rows_own():
-    """Rows advance together through each segment of a sparse prefill (their chunks, then their last 64
-    tokens exactly), a step never placing padding past the capacity: each row's logits are its own
-    prefill's alone, bit for bit, even in a cache just long enough for the longest prompt."""
+    """Each row of a sparse prefill is prefilled on its own (its chunks, then its last 64 tokens
+    exactly): each row's logits are its own prefill's alone, bit for bit, even in a cache just long
+    enough for the longest prompt."""
     model = QuestModel(quest_export("qwen3", top_k=2), threads=1)
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, 256, n).tolist() for n in (300, 290, 40)]

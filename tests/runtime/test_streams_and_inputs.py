@@ -12,8 +12,9 @@ import pytest
 
 from quest_ort.runtime.generate import Generator, Sampling, greedy, prefill
 from quest_ort.runtime.sampling import TokenHistory, choose
-from quest_ort.runtime.model import QuestModel
+from quest_ort.runtime.model import CapacityError, QuestModel
 from support.export_models import quest_export, tiny_model
+from support.tolerances import assert_close
 
 STEPS = Sampling(max_new_tokens=6)
 
@@ -325,3 +326,28 @@ def test_the_dense_reference_runner_checks_its_token_ids():
         model.step(cache, np.array([[256]]))
     assert cache.lengths.tolist() == [0]
     assert Generator(model).generate([[1, 2, 3]], Sampling(max_new_tokens=2)) == greedy(model, [[1, 2, 3]], 2)
+
+
+def test_the_dense_reference_runner_runs_rows_of_different_lengths_as_each_alone():
+    """Its caches hold each row's tokens from position 0 (rows of a batch of different lengths, row
+    views, truncate), so it runs in Generator's slots as QuestModel does."""
+    from quest_ort.runtime.dense import OptimumModel
+
+    model = OptimumModel(tiny_model("qwen3").optimum, threads=1)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 256, n).tolist() for n in (23, 9, 16)]
+    tokens, logits = greedy(model, prompts, 4, return_logits=True)
+    for row, prompt in enumerate(prompts):
+        alone, alone_logits = greedy(model, [prompt], 4, return_logits=True)
+        assert alone[0] == tokens[row]
+        for step in range(4):
+            assert_close(logits[step][row], alone_logits[step][0], np.float32, f"row {row} step {step}")
+    growing = model.new_cache(1)  # no capacity: the buffers grow, and there are no row views
+    model.step(growing, np.array([prompts[0]]))
+    assert model.truncate(growing, 10) == 10
+    again = model.step(growing, np.array([prompts[0][10:]]))[0, -1]
+    assert_close(again, model.step(model.new_cache(1, 23), np.array([prompts[0]]))[0, -1], np.float32, "truncated")
+    with pytest.raises(ValueError, match="row views"):
+        growing.row(0)
+    with pytest.raises(CapacityError):
+        model.step(model.new_cache(1, 8), np.array([prompts[1]]))
