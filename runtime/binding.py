@@ -1,4 +1,5 @@
-"""IOBinding with outputs bound to their inputs' buffers, so a step updates caches in place."""
+"""IOBinding with outputs bound to their inputs' buffers, so a step updates caches in place; a
+cache's buffers bound once (plan), a step's own feeds per step."""
 
 from __future__ import annotations
 
@@ -34,14 +35,32 @@ class InPlaceStep:
         self.inputs = [i.name for i in session.get_inputs()]
         self.aliases = {out: inp for out, inp in aliases.items() if out in self.outputs}
 
+    def plan(self, fixed: Mapping[str, ort.OrtValue]) -> BoundStep:
+        """An IOBinding with the `fixed` inputs (a cache's OrtValues, the same every step) and the
+        outputs aliased to them bound once; `bind(feeds, plan=...)` then binds only a step's own
+        feeds and outputs into it (ONNX Runtime replaces a name bound again)."""
+        binding = self.session.io_binding()
+        for name, value in fixed.items():
+            binding.bind_ortvalue_input(name, value)
+        # Every output in the session's order (get_outputs lists them in the order first bound; a
+        # name bound again keeps its place): the aliased ones for good, the rest until a step's own.
+        for output in self.outputs:
+            if self.aliases.get(output) in fixed:
+                binding.bind_ortvalue_output(output, fixed[self.aliases[output]])
+            else:
+                binding.bind_output(output, "cpu")
+        return BoundStep(binding, dict(fixed), {})
+
     def bind(self, feeds: Mapping[str, np.ndarray | ort.OrtValue],
-             into: Mapping[str, np.ndarray] | None = None) -> BoundStep:
+             into: Mapping[str, np.ndarray] | None = None, plan: BoundStep | None = None) -> BoundStep:
         """An IOBinding for these feeds, reusable for repeated runs on the same buffers. `into` maps
         outputs to arrays of their exact shape and type that the run writes (no copy afterwards; a
-        binding run again writes and returns the same arrays)."""
+        binding run again writes and returns the same arrays). `plan` (from plan()): its binding,
+        its fixed inputs left as they are, the rest bound now (that binding is then this step's)."""
         into = into or {}
+        fixed = {} if plan is None else plan.values
         # An input left unbound reaches the ops as no tensor at all: name it here instead.
-        missing = [name for name in self.inputs if name not in feeds]
+        missing = [name for name in self.inputs if name not in feeds and name not in fixed]
         if missing:
             raise ValueError(f"graph inputs not fed: {', '.join(missing)}")
         for name, array in into.items():
@@ -49,14 +68,18 @@ class InPlaceStep:
             if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
                 raise ValueError(f"output {name}: the array to write it into must be a C-contiguous, writeable "
                                  "NumPy array")
-        binding = self.session.io_binding()
-        values = {}
+        # A plan's binding keeps, between runs, the last step's feeds and outputs: each is bound again
+        # before the next run (every input not fixed is fed: checked above), none is read before.
+        binding = self.session.io_binding() if plan is None else plan.binding
+        values = dict(fixed)
         for name, value in feeds.items():
             if not isinstance(value, ort.OrtValue):
                 value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
             values[name] = value
             binding.bind_ortvalue_input(name, value)
         for name in self.outputs:
+            if name in self.aliases and self.aliases[name] in fixed:
+                continue  # bound by the plan
             if name in self.aliases:
                 binding.bind_ortvalue_output(name, values[self.aliases[name]])
             elif name in into:
@@ -74,6 +97,6 @@ class InPlaceStep:
                 for name, value in zip(self.outputs, produced) if name not in self.aliases}
 
     def run(self, feeds: Mapping[str, np.ndarray | ort.OrtValue],
-            into: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Bind and run once."""
-        return self.run_bound(self.bind(feeds, into))
+            into: Mapping[str, np.ndarray] | None = None, plan: BoundStep | None = None) -> dict[str, np.ndarray]:
+        """Bind (into `plan`'s binding, when given) and run once."""
+        return self.run_bound(self.bind(feeds, into, plan))

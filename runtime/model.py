@@ -10,7 +10,8 @@ A step feeds `past_lens` (tokens already cached per row), `total_lens` (valid af
 `exact_lens` (its tokens attend exactly when `exact`), `chunk_lens` (else, when `chunked`, they
 select their blocks per chunk of queries: a sparse prefill; otherwise each its own, as decode does)
 and `logits_keep` (the head runs for the step's last `last_logits` positions only), and binds every
-present output to its past input's buffer: the ops write only the new tokens.
+present output to its past input's buffer: the ops write only the new tokens. A cache's buffers
+are bound on its first step (KVCache.plans); a step binds only its own feeds and logits.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class KVCache:
     layers: tuple[LayerCaches[np.ndarray], ...]
     buffers: dict[str, np.ndarray]  # past input name -> its array (the OrtValue below wraps it)
     values: dict[str, ort.OrtValue]
+    # per InPlaceStep (a model's session), an IOBinding with these values bound: a step binds them once
+    plans: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, capacity: int, lengths: np.ndarray, layers, names, values: dict | None = None) -> KVCache:
@@ -254,7 +257,7 @@ class QuestModel:
         if exact or chunked:
             self.check_prefill("exact" if exact else "sparse")
         feeds = {names["input_ids"]: input_ids, names["past_lens"]: cache.lengths.copy(),
-                 names["total_lens"]: total.astype(np.int32), **cache.values}
+                 names["total_lens"]: total.astype(np.int32)}
         if self.selects_per_step:
             feeds[names["exact_lens"]] = (total if exact else cache.lengths).astype(np.int32)
         if self.selects_per_chunk:
@@ -268,7 +271,8 @@ class QuestModel:
         logits_name = self.sidecar.outputs["logits"]
         logits_shape = (cache.batch, kept if slices_head else new_tokens, self.sidecar.vocab_size)
         try:
-            outputs = self._step.run(feeds, into={logits_name: np.empty(logits_shape, self._logits_dtype)})
+            outputs = self._step.run(feeds, into={logits_name: np.empty(logits_shape, self._logits_dtype)},
+                                     plan=self._plan(cache))
         except BaseException:
             self._restore(saved)
             raise
@@ -276,6 +280,13 @@ class QuestModel:
             cache.buffers[past][...] = outputs[present]
         cache.lengths[:] = total
         return outputs[logits_name] if slices_head or kept == new_tokens else outputs[logits_name][:, -kept:]
+
+    def _plan(self, cache: KVCache):
+        """The cache's binding for this model's session: its buffers bound on its first step only."""
+        plan = cache.plans.get(self._step)
+        if plan is None:
+            plan = cache.plans[self._step] = self._step.plan(cache.values)
+        return plan
 
     def _accumulated_state(self, cache: KVCache) -> list:
         """What a step changes that earlier steps built on, as (array, index, saved values): each

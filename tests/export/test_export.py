@@ -96,8 +96,8 @@ def test_small_budget_selects_what_the_reference_selects(family, group_reduce):
     feeds_seen = []
     original_run = model._step.run
 
-    def capture(feeds, into=None):
-        out = original_run(feeds, into)
+    def capture(feeds, into=None, plan=None):
+        out = original_run(feeds, into, plan)
         # The metadata outputs are bound in place: after the step they are the cache buffers.
         out = {**out, **{name: array.copy() for io, layer in zip(sidecar.layers, cache.layers) if io.sparse
                          for name, array in ((io.present_block_max, layer.block_max),
@@ -143,7 +143,7 @@ def test_exact_prefill_matches_optimum_past_the_budget_and_decode_selects(family
         cache = model.new_cache(1, capacity=256)
         binding_run = model._step.run
         steps = []
-        model._step.run = lambda feeds, into=None: steps.append(binding_run(feeds, into)) or steps[-1]
+        model._step.run = lambda feeds, into=None, plan=None: steps.append(binding_run(feeds, into, plan)) or steps[-1]
         logits = model.step(cache, np.array([prompt]), exact=exact)
         model.step(cache, np.array([[int(np.argmax(logits[0, -1]))]]))
         prompt_rows, decode_rows = ([out[name] for name in selected] for out in steps)

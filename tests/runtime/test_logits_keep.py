@@ -76,7 +76,8 @@ def test_a_folder_without_logits_keep_slices_the_full_logits():
     expected = model.step(model.new_cache(1, 32), ids, exact=True)[:, -2:]
     del model.sidecar.inputs["logits_keep"]
     run = model._step.run  # the graph of such a folder computes every row
-    model._step.run = lambda feeds, into=None: run({**feeds, "logits_keep": np.array([0], np.int64)}, into)
+    model._step.run = lambda feeds, into=None, plan=None: run({**feeds, "logits_keep": np.array([0], np.int64)}, into,
+                                                             plan)
     got = model.step(model.new_cache(1, 32), ids, exact=True, last_logits=2)
     np.testing.assert_array_equal(got, expected)
 

@@ -138,8 +138,8 @@ def test_a_failed_step_leaves_the_caches_as_they_were(failure):
         step = model._step
         original = step.run
 
-        def run_then_fail(feeds, into=None):
-            original(feeds, into)
+        def run_then_fail(feeds, into=None, plan=None):
+            original(feeds, into, plan)
             raise RuntimeError("injected failure")
 
         step.run = run_then_fail
@@ -180,9 +180,9 @@ def test_each_step_writes_its_logits_into_an_array_of_its_own():
     first_ids, second_ids = rng.integers(0, 256, (1, 9)), rng.integers(0, 256, (1, 1))
     run, written = model._step.run, []
 
-    def run_recording(feeds, into=None):
+    def run_recording(feeds, into=None, plan=None):
         written.extend(into.values())
-        return run(feeds, into)
+        return run(feeds, into, plan)
 
     model._step.run = run_recording
     try:
@@ -195,11 +195,32 @@ def test_each_step_writes_its_logits_into_an_array_of_its_own():
     assert first.shape == (1, 9, model.vocab_size) and second.shape == (1, 1, model.vocab_size)
     np.testing.assert_array_equal(first, kept)
     cache.reset()
-    model._step.run = lambda feeds, into=None: run(feeds)  # ONNX Runtime allocates the logits
+    model._step.run = lambda feeds, into=None, plan=None: run(feeds, plan=plan)  # ONNX Runtime allocates the logits
     try:
         np.testing.assert_array_equal(model.step(cache, first_ids, exact=True), kept)
     finally:
         del model._step.run
+
+
+def test_a_cache_is_bound_once_and_each_step_binds_its_own_feeds():
+    """Plan, then run: a cache's buffers are bound to the session on its first step only; every
+    step after binds its own feeds and logits, and gives the bits of a binding made afresh."""
+    model = _quest()
+    cache, fresh = model.new_cache(1, 64), model.new_cache(1, 64)
+    prompt = list(range(3, 40))
+    planned, original = [], model._step.plan
+    model._step.plan = lambda fixed: planned.append(sorted(fixed)) or original(fixed)
+    try:
+        got = [model.step(cache, np.array([prompt]), exact=True)] + [model.step(cache, np.array([[t]])) for t in (5, 9)]
+        assert planned == [sorted(cache.values)]
+        want = []
+        for ids, exact in ((np.array([prompt]), True), (np.array([[5]]), False), (np.array([[9]]), False)):
+            fresh.plans.clear()  # a new binding every step: the old way
+            want.append(model.step(fresh, ids, exact=exact))
+    finally:
+        del model._step.plan
+    for step, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
 
 
 def test_chunked_prefill_matches_the_dense_baseline_past_one_chunk():
