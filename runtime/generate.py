@@ -233,8 +233,9 @@ class Generator:
                on_prefill: ProgressCallback | None = None, keep_logits: bool = False) -> Stream:
         """A Stream yielding, per step, each row's new token (None for rows that already stopped).
         Each row runs in its own row of the cache as a slot of runtime/slots.py does: its prompt
-        prefilled alone, its decode steps batched with the other rows'; it samples from its own
-        generator seeded with `sampling.seed` (a row's tokens do not depend on the other rows).
+        prefilled alone, its decode steps batched with the other rows'; row 0 samples from a
+        generator seeded with `sampling.seed`, row r from one seeded with (seed, r): rows differ
+        even with the same prompt, and a row's tokens do not depend on what the other rows hold.
         `on_prefill(done, total)`: called after each prefill step with the prompt positions fed so
         far over every row (a long prompt's progress). `keep_logits`: the stream's `logits[row]`
         holds the logits each of that row's tokens was chosen from.
@@ -253,7 +254,8 @@ class Generator:
         except BaseException:
             self._busy.release()
             raise
-        replies = [Reply(prompt.tolist(), sampling, keep_logits=keep_logits) for prompt in prompts]
+        replies = [Reply(prompt.tolist(), sampling, keep_logits=keep_logits, sample=row)
+                   for row, prompt in enumerate(prompts)]
         stream = Stream(self._steps(slots, replies, on_prefill), self._busy.release)
         stream.logits = [reply.step_logits for reply in replies] if keep_logits else None
         return stream

@@ -96,10 +96,14 @@ class Reply:
     """One request's generation in a slot: what is left of its prompt to prefill, its sampler, its
     stop strings; the text it produced and not yet handed out (`pending`), and how it ended.
     Without a tokenizer it makes tokens only (Generator's rows: no text, no stop strings);
-    `keep_logits`: `step_logits` keeps the logits each token was chosen from."""
+    `keep_logits`: `step_logits` keeps the logits each token was chosen from. `sample`: which of a
+    request's samples this is (a Generator's row): sample 0 draws from `sampling.seed`, sample i
+    from (seed, i), so rows of one seeded request differ even where their prompts are the same,
+    and none depends on what the others hold."""
 
     def __init__(self, prompt: list[int], sampling: Sampling, stop: tuple[str, ...] = (), logprobs: int | None = None,
-                 on_prefill: Callable[[int, int], None] | None = None, tokenizer=None, keep_logits: bool = False):
+                 on_prefill: Callable[[int, int], None] | None = None, tokenizer=None, keep_logits: bool = False,
+                 sample: int = 0):
         if stop and tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         self.prompt, self.sampling, self.logprobs, self.on_prefill = prompt, sampling, logprobs, on_prefill
@@ -115,7 +119,8 @@ class Reply:
         self.fed = 0  # of them, prefilled
         self.logits: np.ndarray | None = None  # the last step's, for the next token
         self.feed: int | None = None  # the token the next decode step feeds
-        self._rng = np.random.default_rng(sampling.seed)
+        seeded = sampling.seed is not None and sample > 0
+        self._rng = np.random.default_rng([sampling.seed, sample] if seeded else sampling.seed)
         self._history: TokenHistory | None = None
         self._deltas = None if tokenizer is None else TextDeltas(tokenizer)
         self._stops = StopText(stop)

@@ -83,6 +83,19 @@ def test_seeded_sampling_is_reproducible_and_cuts_behave():
         assert Generator(model).generate(prompts, cut) == greedy_tokens
 
 
+def test_each_row_samples_on_its_own():
+    """Row 0 draws from the seed as a request of one row does, row r from (seed, r): the same prompt
+    twice in a batch gives two samples, and a row's tokens do not depend on the other rows."""
+    model = _quest()
+    prompts = _prompts()
+    warm = Sampling(max_new_tokens=16, temperature=1.5, seed=3)
+    twice = Generator(model).generate([prompts[0], prompts[0]], warm)
+    assert twice[0] != twice[1]
+    assert twice[0] == Generator(model).generate([prompts[0]], warm)[0]
+    assert Generator(model).generate([prompts[0], prompts[2]], warm)[0] == twice[0]
+    assert Generator(model).generate([prompts[1], prompts[0]], warm)[1] == twice[1]
+
+
 def test_stop_tokens_end_rows_independently_while_streaming():
     model = _quest()
     prompts = _prompts()
