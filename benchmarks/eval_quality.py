@@ -17,6 +17,11 @@ QuestMetadata built) and is restored from a snapshot before each policy, which t
 tokens must equal the Generator's on every prompt (the run stops otherwise). A key counts where dense
 retrieves it; "lost" = dense retrieves it and the policy does not.
 
+Harder retrieval (benchmarks/quality_retrieval.py): per prompt length, one prompt per depth holding
+four keys for named locks with the question naming one, and the single pass key asked, answered and
+asked again in one conversation; the default export and the dense reference, through
+`Generator(model).generate`.
+
 KV cache types. The default export once more with float16 and with int8 KV caches (every other
 setting the default's), through the user's path: every pass-key prompt through
 `Generator(model).generate`, and both perplexity measures at the default budget.
@@ -37,6 +42,7 @@ import time
 
 import numpy as np
 
+from . import quality_retrieval
 from . import quality_runtime as qr
 from .quality_inputs import keys, natural_text, pass_key_prompt
 
@@ -128,9 +134,9 @@ class Suite:
 
     def __init__(self, name: str, family: str, source: pathlib.Path, capacity: int, settings,
                  configs: list[qr.Config], clock: Clock, *, threads: int | None = None, reuse: bool = False,
-                 work: pathlib.Path = WORK, tokenizer=None):
+                 work: pathlib.Path = WORK, tokenizer=None, old_default: bool = True):
         """`source`: the checkpoint folder; exports go to work/name; `tokenizer` (default: the
-        export's own) turns text into ids and back."""
+        export's own) turns text into ids and back; `old_default`: export OLD_DEFAULT's P too."""
         from quest_ort.runtime.model import QuestModel
 
         self.name, self.family, self.capacity, self.threads, self.clock = name, family, capacity, threads, clock
@@ -139,7 +145,7 @@ class Suite:
         self.default_config = default = qr.Config(qr.Policy.of(settings), settings.top_k * settings.block_size)
         begin = time.time()
         self.folders = {default.policy.block_size: self._export(source, "default", self.settings, reuse)}
-        for P in sorted({c.policy.block_size for c in configs + [OLD_DEFAULT]} - set(self.folders)):
+        for P in sorted({c.policy.block_size for c in configs + [OLD_DEFAULT] * old_default} - set(self.folders)):
             self.folders[P] = self._export(source, f"p{P}", dataclasses.replace(self.settings, block_size=P), reuse)
         clock.phase("exports", time.time() - begin)
         self.default = QuestModel(self.folders[default.policy.block_size], threads=threads)
@@ -297,6 +303,24 @@ def run_pass_key(suite: Suite, configs: list[qr.Config], prompts: list[Prompt], 
     return rows, checks
 
 
+def run_harder_retrieval(suite: Suite, plan: Plan, clock: Clock) -> dict:
+    """Multi-key prompts (one per depth at each length) and keys asked twice (one per length and
+    depth), on the default export and the dense reference (benchmarks/quality_retrieval.py)."""
+    begin = time.time()
+    models = {"default": suite.default, "dense": suite.dense}
+    lengths = sorted(plan.lengths)
+    prompts = quality_retrieval.multi_key_prompts(suite.tokenizer, lengths, len(plan.depths))
+    rows = quality_retrieval.run_multi_key(models, suite.tokenizer, prompts, ANSWER_TOKENS)
+    rows += quality_retrieval.run_asked_twice(models, suite.tokenizer, lengths, plan.depths, ANSWER_TOKENS)
+    hits = {(task, label): sum(r["hit"] for r in rows if r["task"] == task and r["model"] == label)
+            for task in ("multi-key", "asked twice") for label in models}
+    clock.log(f"{suite.name}: harder retrieval (dense / default): multi-key {hits['multi-key', 'dense']} / "
+              f"{hits['multi-key', 'default']}, asked twice {hits['asked twice', 'dense']} / "
+              f"{hits['asked twice', 'default']} ({time.time() - begin:.0f} s)")
+    clock.phase("harder retrieval", time.time() - begin)
+    return dict(answer_tokens=ANSWER_TOKENS, keys_per_prompt=quality_retrieval.MULTI_KEYS, rows=rows)
+
+
 def run_perplexity(suite: Suite, configs: list[qr.Config], tokens: int, continuation_from: int,
                    clock: Clock) -> list[dict]:
     """Both measures for every configuration, and dense; one session per configuration at a time
@@ -452,6 +476,7 @@ def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:
     clock.log(f"{name}: {len(configs)} configurations; default {default.name}; exports ready")
     prompts = pass_key_prompts(suite.tokenizer, plan.lengths, plan.depths)
     pass_key, checks = run_pass_key(suite, configs, prompts, args.cache_gb * 2**30, not args.no_recall, clock)
+    harder = run_harder_retrieval(suite, plan, clock)
     started = time.time()
     perplexity = run_perplexity(suite, perplexity_configs, plan.perplexity_tokens, plan.continuation_from, clock)
     clock.phase("perplexity", time.time() - started)
@@ -465,9 +490,22 @@ def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:
         perplexity_budgets=sorted({c.budget for c in perplexity_configs}), lengths=plan.lengths,
         depths=list(plan.depths), answer_tokens=ANSWER_TOKENS, perplexity_tokens=plan.perplexity_tokens,
         continuation_from=plan.continuation_from, checks=checks, pass_key=pass_key, perplexity=perplexity,
-        cache_types=cache_types,
+        cache_types=cache_types, harder_retrieval=harder,
         seconds=round(time.time() - begin), cpu_seconds=round(time.process_time() - cpu), phases=dict(clock.phases),
         threads=args.threads)
+
+
+def harder_retrieval_only(name: str, plan: Plan, args, clock: Clock) -> dict:
+    """run_harder_retrieval alone: the default export (reused with --reuse-exports) and its dense variant."""
+    from quest_ort.export.rewrite import SparseSettings
+    from quest_ort.export.weights import CHECKPOINTS, checkpoint
+
+    settings = SparseSettings(top_k=32)
+    default = qr.Config(qr.Policy.of(settings), settings.top_k * settings.block_size)
+    capacity = max(max(plan.lengths), plan.perplexity_tokens) + 256
+    suite = Suite(name, CHECKPOINTS[name].family, checkpoint(name, WEIGHTS), capacity, settings, [default], clock,
+                  threads=args.threads, reuse=args.reuse_exports, old_default=False)
+    return run_harder_retrieval(suite, plan, clock)
 
 
 def main(argv=None):
@@ -498,6 +536,9 @@ def main(argv=None):
     parser.add_argument("--only-cache-types", action="store_true",
                         help="only the KV cache types' comparison (float16 against int8 caches), stored into the "
                         "output's quality.json next to the rest")
+    parser.add_argument("--only-retrieval", action="store_true",
+                        help="only the harder retrieval (multi-key, asked twice), stored into the output's "
+                        "quality.json next to the rest")
     parser.add_argument("--report-only", action="store_true",
                         help="only write quality.md and the plots again from the output's quality.json")
     args = parser.parse_args(argv)
@@ -516,12 +557,18 @@ def main(argv=None):
     report.setdefault("models", {})
     for name in [] if args.report_only else names:
         clock.phases = {}
-        if args.only_cache_types:
+        if args.only_cache_types or args.only_retrieval:
+            flag = "--only-cache-types" if args.only_cache_types else "--only-retrieval"
             if name not in report["models"]:
-                raise SystemExit(f"--only-cache-types adds to {path}'s {name} results, which it lacks: run the whole "
+                raise SystemExit(f"{flag} adds to {path}'s {name} results, which it lacks: run the whole "
                                  "evaluation first")
-            fresh = run_cache_types(name, Plan.of(name, args), args, clock)
-            report["models"][name]["cache_types"] = merge_cache_types(report["models"][name].get("cache_types"), fresh)
+            if args.only_cache_types:
+                fresh = run_cache_types(name, Plan.of(name, args), args, clock)
+                report["models"][name]["cache_types"] = merge_cache_types(report["models"][name].get("cache_types"),
+                                                                          fresh)
+            else:
+                report["models"][name]["harder_retrieval"] = harder_retrieval_only(name, Plan.of(name, args), args,
+                                                                                   clock)
             path.write_text(json.dumps(report, indent=1) + "\n")
             continue
         report["models"][name] = evaluate(name, Plan.of(name, args), args, clock)

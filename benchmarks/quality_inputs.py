@@ -44,14 +44,18 @@ def filler_ids(tokenizer, tokens: int, offset: int) -> list[int]:
 
 def pass_key_prompt(tokenizer, key: str, length: int, depth: float, seed: int) -> list[int]:
     """A chat prompt of about `length` tokens with the key sentence at `depth` (0..1) of the filler."""
+    return tokenizer.apply_chat_template(pass_key_messages(tokenizer, key, length, depth, seed), add_generation_prompt=True)
+
+
+def pass_key_messages(tokenizer, key: str, length: int, depth: float, seed: int) -> list[dict]:
+    """pass_key_prompt's conversation: its one user message."""
     needle = f" {pass_key_sentence(key)} "
     overhead = len(tokenizer.apply_chat_template(
         [{"role": "user", "content": f"{INSTRUCTION}\n\n{needle}\n\n{QUESTION}"}], add_generation_prompt=True))
     filler = filler_ids(tokenizer, max(16, length - overhead), offset=seed * 7919)
     cut = int(depth * len(filler))
     text = tokenizer.decode(filler[:cut]) + needle + tokenizer.decode(filler[cut:])
-    messages = [{"role": "user", "content": f"{INSTRUCTION}\n\n{text}\n\n{QUESTION}"}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return [{"role": "user", "content": f"{INSTRUCTION}\n\n{text}\n\n{QUESTION}"}]
 
 
 def keys(count: int, seed: int) -> list[str]:

@@ -6,6 +6,8 @@ import collections
 import pathlib
 import re
 
+from .quality_retrieval import retrieval_table
+
 BEGIN, END = "<!-- BEGIN GENERATED: benchmarks/eval_quality.py -->", "<!-- END GENERATED -->"
 MEASURES = ("every token sparse", "continuation")
 MEASURE_TITLES = {
@@ -241,6 +243,7 @@ def markdown(report) -> list[str]:
         lines += [f"### {model['model']}", ""] + _model_header(model) + summary(model)
         lines += ["#### Pass-key retrieval", ""] + prefill_table(model) + lost_table(model) + pass_key_tables(model)
         lines += recall_table(model) + ["#### Perplexity", ""] + perplexity_tables(model)
+        lines += (["#### Harder retrieval", ""] + retrieval_table(model)) if model.get("harder_retrieval") else []
         lines += (["#### KV cache types", ""] + cache_type_table(model)) if model.get("cache_types") else []
     lines += ["![pass key](quality_passkey.png)", "", "![perplexity](quality_perplexity.png)", "", END]
     return lines

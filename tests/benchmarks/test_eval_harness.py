@@ -346,3 +346,54 @@ def test_a_cache_variant_run_again_replaces_only_its_own_rows():
     assert [(r["cache"], r["retrieved"]) for r in merged["pass_key"]] == [
         ("float16", True), ("int8, float16 bounds", False), ("int8", True)]
     assert merged["refused"] == {"int8, float16 bounds": "too far"}
+
+
+@pytest.mark.parametrize("index", [0, 1, 6])
+def test_a_multi_key_prompt_holds_every_lock_and_asks_one(index):
+    """Four lock sentences in the filler at spread depths, in an order that rotates, the question
+    naming one lock; about the length asked for."""
+    from benchmarks import quality_retrieval as retrieval
+
+    tokenizer = ChatByteTokenizer()
+    prompt = retrieval.multi_key_prompt(tokenizer, 2000, index)
+    text = tokenizer.decode(prompt.ids)
+    places = [text.index(retrieval.lock_sentence(lock, key)) for lock, key in zip(retrieval.LOCKS, prompt.keys)]
+    assert sorted(places) == [places[lock] for lock in np.argsort(prompt.depths)]  # the sentences sit in depth order
+    assert len(set(prompt.keys)) == retrieval.MULTI_KEYS and prompt.asked == index % retrieval.MULTI_KEYS
+    assert text.endswith(retrieval.lock_question(retrieval.LOCKS[prompt.asked]))
+    assert 1900 <= len(prompt.ids) <= 2100
+    assert retrieval.multi_key_prompt(tokenizer, 2000, index + 1).depths != prompt.depths
+
+
+def test_the_second_turn_holds_the_first_its_reply_and_the_question_again():
+    from benchmarks import quality_retrieval as retrieval
+
+    tokenizer = ChatByteTokenizer()
+    first = quality_inputs.pass_key_prompt(tokenizer, "12345", 600, 0.5, seed=1)
+    messages = quality_inputs.pass_key_messages(tokenizer, "12345", 600, 0.5, seed=1)
+    assert tokenizer.apply_chat_template(messages) == first
+    second = tokenizer.decode(retrieval.second_turn(tokenizer, messages, "It is 12345."))
+    assert second.startswith(tokenizer.decode(first)) and second.endswith("It is 12345." + retrieval.AGAIN)
+
+
+def test_harder_retrieval_runs_through_generator_and_its_table_counts(suite, monkeypatch):
+    """The rows of both tasks for both models (the tiny model answers at random: what is checked is
+    that every prompt ran and the table counts what the rows say)."""
+    from benchmarks import quality_retrieval as retrieval
+
+    monkeypatch.setattr(suite, "tokenizer", ChatByteTokenizer())
+    monkeypatch.setattr(eval_quality, "ANSWER_TOKENS", 4)  # the second turn fits the tiny suite's 640 tokens
+    plan = eval_quality.Plan({560: 1}, depths=(0.25, 0.75))
+    harder = eval_quality.run_harder_retrieval(suite, plan, eval_quality.Clock())
+    rows = harder["rows"]
+    assert len(rows) == 2 * (2 + 2)  # (2 multi-key prompts + 2 asked-twice conversations) x (default, dense)
+    for row in rows:
+        answer = row["answer"] if row["task"] == "multi-key" else row["second_answer"]
+        assert row["hit"] == (row["key"] in answer)
+    # a made-up outcome: dense right on both multi-key prompts, the default on one (and confused on the other)
+    multi = [r for r in rows if r["task"] == "multi-key"]
+    for r in multi:
+        r["hit"] = r["model"] == "dense" or r["depth"] == multi[0]["depth"]
+        r["confused"] = not r["hit"]
+    table = retrieval.retrieval_table(dict(harder_retrieval=harder))
+    assert "| multi-key | 560 | 2 of 2 | 1 of 2 | 1 | 1 |" in table

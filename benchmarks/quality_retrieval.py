@@ -1,0 +1,151 @@
+"""Harder retrieval in `make eval`: several keys in one prompt with the question naming one, and a key asked twice in one conversation.
+
+Multi-key. Each prompt hides MULTI_KEYS keys of the same form, each for a named lock, at depths
+spread over the filler (their order rotates from prompt to prompt), and asks for one lock's key (the
+lock asked cycles too). A hit is the asked key in the answer; `confused` marks an answer that holds
+another lock's key instead.
+
+Asked twice. The single pass-key prompt, its greedy reply, then a second user turn asking for the
+key again: the conversation as a chat template writes it, with the reply's text in it (what `Chat`
+sends: its slots reuse the first turn's prefill, which gives the same tokens as a fresh one, a
+tested property of runtime/slots.py). Both turns' answers are recorded.
+
+Both run through `Generator(model).generate` on the default export and on the dense reference, the
+prompts built with the checkpoint's own tokenizer and chat template.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .quality_inputs import filler_ids, keys, pass_key_messages
+
+MULTI_KEYS = 4
+LOCKS = ("the red door", "the blue gate", "the green safe", "the white locker")
+MULTI_INSTRUCTION = ("There are several pass keys hidden inside a lot of irrelevant text, each for a different lock. "
+                     "Find them and memorize them. I will quiz you about one of them.")
+AGAIN = "What was the pass key again? Answer with the number only."
+
+
+def lock_sentence(lock: str, key: str) -> str:
+    return f"The pass key for {lock} is {key}. Remember it. {key} is the pass key for {lock}."
+
+
+def lock_question(lock: str) -> str:
+    return f"What is the pass key for {lock}? Answer with the number only."
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiKeyPrompt:
+    length: int
+    keys: tuple[str, ...]  # one per lock, in LOCKS' order
+    depths: tuple[float, ...]  # where each lock's sentence sits in the filler (0..1)
+    asked: int  # the lock the question names
+    ids: tuple[int, ...]
+
+    @property
+    def key(self) -> str:
+        return self.keys[self.asked]
+
+
+def multi_key_prompt(tokenizer, length: int, index: int) -> MultiKeyPrompt:
+    """About `length` tokens: MULTI_KEYS lock sentences at evenly spread depths (their order rotated
+    by `index`), the question naming lock `index % MULTI_KEYS`."""
+    lock_keys = tuple(keys(MULTI_KEYS, seed=1000 * length + index))
+    spread = [(0.5 + slot) / MULTI_KEYS for slot in range(MULTI_KEYS)]
+    depths = tuple(spread[(lock + index) % MULTI_KEYS] for lock in range(MULTI_KEYS))
+    asked = index % MULTI_KEYS
+    question = lock_question(LOCKS[asked])
+    needles = {lock: f" {lock_sentence(LOCKS[lock], lock_keys[lock])} " for lock in range(MULTI_KEYS)}
+    overhead = len(tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"{MULTI_INSTRUCTION}\n\n{''.join(needles.values())}\n\n{question}"}],
+        add_generation_prompt=True))
+    filler = filler_ids(tokenizer, max(16, length - overhead), offset=(index + 1) * 7919)
+    cuts = sorted((int(depths[lock] * len(filler)), lock) for lock in range(MULTI_KEYS))
+    pieces, start = [], 0
+    for cut, lock in cuts:
+        pieces += [tokenizer.decode(filler[start:cut]), needles[lock]]
+        start = cut
+    pieces.append(tokenizer.decode(filler[start:]))
+    messages = [{"role": "user", "content": f"{MULTI_INSTRUCTION}\n\n{''.join(pieces)}\n\n{question}"}]
+    return MultiKeyPrompt(length, lock_keys, depths, asked,
+                          tuple(tokenizer.apply_chat_template(messages, add_generation_prompt=True)))
+
+
+def multi_key_prompts(tokenizer, lengths, per_length: int) -> list[MultiKeyPrompt]:
+    return [multi_key_prompt(tokenizer, length, index) for length in lengths for index in range(per_length)]
+
+
+def second_turn(tokenizer, first_messages: list[dict], reply: str) -> list[int]:
+    """The conversation after the first reply, with the key asked again, as the template writes it."""
+    messages = first_messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": AGAIN}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def run_multi_key(models: dict, tokenizer, prompts: list[MultiKeyPrompt], answer_tokens: int) -> list[dict]:
+    """Every prompt through `Generator(model).generate` of each of `models` (label -> model)."""
+    from quest_ort.runtime.generate import Generator, Sampling
+
+    sampling = Sampling(max_new_tokens=answer_tokens)
+    rows = []
+    for label, model in models.items():
+        generator = Generator(model)
+        for prompt in prompts:
+            answer = tokenizer.decode(generator.generate([list(prompt.ids)], sampling)[0], skip_special_tokens=True)
+            others = [key for lock, key in enumerate(prompt.keys) if lock != prompt.asked]
+            rows.append(dict(task="multi-key", model=label, length=prompt.length, asked=LOCKS[prompt.asked],
+                             depth=prompt.depths[prompt.asked], key=prompt.key, answer=answer.strip(),
+                             hit=prompt.key in answer,
+                             confused=prompt.key not in answer and any(key in answer for key in others)))
+    return rows
+
+
+def run_asked_twice(models: dict, tokenizer, lengths, depths, answer_tokens: int) -> list[dict]:
+    """A pass-key prompt per (length, depth), its reply, then the key asked again; through
+    `Generator(model).generate` of each of `models`."""
+    from quest_ort.runtime.generate import Generator, Sampling
+
+    sampling = Sampling(max_new_tokens=answer_tokens)
+    rows = []
+    for label, model in models.items():
+        generator = Generator(model)
+        for length in lengths:
+            for index, depth in enumerate(depths):
+                key = keys(1, seed=2000 * length + index)[0]
+                messages = pass_key_messages(tokenizer, key, length, depth, seed=index + 11)
+                first = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+                reply = tokenizer.decode(generator.generate([first], sampling)[0], skip_special_tokens=True).strip()
+                second = second_turn(tokenizer, messages, reply)
+                again = tokenizer.decode(generator.generate([second], sampling)[0], skip_special_tokens=True).strip()
+                rows.append(dict(task="asked twice", model=label, length=length, depth=depth, key=key,
+                                 first_answer=reply, second_answer=again, first_hit=key in reply,
+                                 hit=key in again))
+    return rows
+
+
+def retrieval_table(model: dict) -> list[str]:
+    """Per task and prompt length: the answers dense gets, the default export's, and how many of
+    dense's the default loses (docs/quality.md)."""
+    harder = model.get("harder_retrieval")
+    if not harder:
+        return []
+    rows = harder["rows"]
+    lines = ["| task | length | dense | default | lost (dense right, default not) | default confused |",
+             "|---|---|---|---|---|---|"]
+    for task in ("multi-key", "asked twice"):
+        for length in sorted({r["length"] for r in rows if r["task"] == task}):
+            picked = [r for r in rows if r["task"] == task and r["length"] == length]
+            dense = {_case(r): r["hit"] for r in picked if r["model"] == "dense"}
+            default = [r for r in picked if r["model"] == "default"]
+            lost = sum(dense[_case(r)] and not r["hit"] for r in default)
+            confused = sum(r.get("confused", False) for r in default)
+            lines.append(f"| {task} | {length} | {sum(dense.values())} of {len(dense)} | "
+                         f"{sum(r['hit'] for r in default)} of {len(default)} | {lost} | {confused} |")
+    return [f"{MULTI_KEYS} keys for named locks at spread depths, the question naming one (multi-key); the "
+            "single pass key asked, answered, then asked again in the same conversation (asked twice: the "
+            "second answer counts). Through `Generator(model).generate`, "
+            f"{harder['answer_tokens']} greedy tokens per answer:", ""] + lines + [""]
+
+
+def _case(row: dict) -> tuple:
+    return (row["length"], row["depth"], row["key"])
