@@ -181,9 +181,12 @@ def main(argv=None) -> int:
     except (ExportError, FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"\nexport-sparse: error: {error}", file=sys.stderr)
         return 1
-    counts = report.counts
-    print(f"rewrote {len(counts['layers'])} attention layers: sparse {counts['sparse_layers']}, "
-          f"dense {counts['dense_layers']}")
+    rewrite = report.rewrite
+    print(f"rewrote {len(rewrite.layers)} attention layers: sparse {rewrite.sparse_layers}, "
+          f"dense {rewrite.dense_layers}")
+    if rewrite.logits_keep_refused:
+        print(f"logits_keep not added ({rewrite.logits_keep_refused}): every prompt step computes every "
+              "position's logits")
     if report.validation_max_abs_diff is not None:
         source = "the input graph" if args.family == "onnx" else "the optimum graph"
         twin = " (the rewrite with caches of the activation type)" if report.cache_drift is not None else ""

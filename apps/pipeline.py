@@ -25,7 +25,7 @@ from typing import Callable
 
 from ..export.families import FAMILIES, build_default_model, load_checkpoint, read_config
 from ..export.quantize import BLOCK_SIZE, QUANTIZED_OPS, QuantizedWeights, quantize_folder
-from ..export.rewrite import ExportError, SparseSettings, geometry_from_graph, rewrite_attention
+from ..export.rewrite import ExportError, RewriteResult, SparseSettings, geometry_from_graph, rewrite_attention
 from ..export.genai_variant import genai_refusal, write_genai_files
 from ..export.rewrite.genai_config import read_genai_config
 from ..export.steps import (eos_ids, fit_dense_layers, geometry_from_config, optimum_export, place, prepare_output,
@@ -42,7 +42,7 @@ from .validate import Drift, SourceLogits, narrow_cache, validate_drift, validat
 @dataclasses.dataclass
 class ExportReport:
     output: pathlib.Path
-    counts: dict
+    rewrite: RewriteResult
     validation_max_abs_diff: float | None
     seconds: float
     quantized: QuantizedWeights | None = None  # with --weights int8 or int4
@@ -176,13 +176,13 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
             key_factors = calibrate_key_factors(reference_logits.runner, vocab)
             reference_logits.release()  # its session is not held through the rewrite and the save
         progress.step(f"rewriting {graph.geometry.num_layers} attention layers into Quest ops")
-        counts = rewrite_attention(graph.model, graph.settings, graph.geometry, capacity=graph.capacity,
+        rewrite = rewrite_attention(graph.model, graph.settings, graph.geometry, capacity=graph.capacity,
                                    key_factors=key_factors)
         progress.step("checking and saving")
         # saved float first (the rewrite is validated exactly), quantized below
         float_settings = dataclasses.replace(graph.settings, weights="float")
         eos = eos_ids(graph.folder) if graph.eos is None else graph.eos
-        staged, _ = save_folder(graph.model, work, counts, graph.geometry, float_settings, graph.family,
+        staged, _ = save_folder(graph.model, work, rewrite, graph.geometry, float_settings, graph.family,
                                 graph.description, graph.capacity, vocab, eos=eos, tokenizer_from=graph.folder)
         difference = quantized = drift = cache_drift = None
         activation = graph.geometry.activation_dtype
@@ -212,7 +212,7 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
             genai_files = write_genai_files(staged, sidecar, get_library_path())
         progress.done()
         place(staged, output)
-    return ExportReport(output, counts, difference, time.perf_counter() - begin, quantized, drift, cache_drift,
+    return ExportReport(output, rewrite, difference, time.perf_counter() - begin, quantized, drift, cache_drift,
                         genai_files)
 
 
@@ -223,9 +223,9 @@ def _activation_cache_twin(graph: _Source, work: pathlib.Path, vocab: int) -> pa
 
     settings = dataclasses.replace(graph.settings, kv_dtype=None, key_smoothing=False, weights="float")
     model = ir.load(graph.path)
-    counts = rewrite_attention(model, settings, graph.geometry, capacity=graph.capacity)
+    rewrite = rewrite_attention(model, settings, graph.geometry, capacity=graph.capacity)
     work.mkdir()
-    staged, _ = save_folder(model, work, counts, graph.geometry, settings, graph.family, graph.description,
+    staged, _ = save_folder(model, work, rewrite, graph.geometry, settings, graph.family, graph.description,
                             graph.capacity, vocab, eos=[], tokenizer_from=None)
     return staged
 

@@ -13,7 +13,7 @@ import shutil
 
 from ..model_folder.settings import Geometry, SparseSettings
 from ..model_folder.sidecar import Sidecar, tracks_importance
-from .rewrite import ExportError
+from .rewrite import ExportError, RewriteResult
 
 MODEL_FILE = "model.quest.onnx"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -71,7 +71,7 @@ def optimum_export(checkpoint: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     return out / "model.onnx"
 
 
-def save_folder(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry, settings: SparseSettings,
+def save_folder(onnx_model, work: pathlib.Path, rewrite: RewriteResult, geometry: Geometry, settings: SparseSettings,
                 family: str, source: str, capacity: int, vocab: int, eos: list[int],
                 tokenizer_from: pathlib.Path | None) -> tuple[pathlib.Path, Sidecar]:
     """Save the rewritten model under fresh file names with its sidecar (and tokenizer files)."""
@@ -95,7 +95,7 @@ def save_folder(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry
         onnx.save(graph_only, str(staged / MODEL_FILE))  # the data file stays as written
     check_model_path(staged / MODEL_FILE)
     bounds_dtype = _bounds_dtype(onnx_model)
-    layers = [Sidecar.layer_io(layer, layer in counts["sparse_layers"], settings.importance,
+    layers = [Sidecar.layer_io(layer, layer in rewrite.sparse_layers, settings.importance,
                                int8=settings.kv_dtype == "int8", int8_bounds=bounds_dtype == "int8")
               for layer in range(geometry.num_layers)]
     sidecar = Sidecar(
@@ -103,14 +103,14 @@ def save_folder(onnx_model, work: pathlib.Path, counts: dict, geometry: Geometry
         # as exported: the cache and bound dtypes resolved, the dense layers those the model has
         settings=dataclasses.replace(settings, kv_dtype=settings.kv_dtype or geometry.activation_dtype,
                                      key_smoothing=settings.key_smoothing and settings.kv_dtype == "int8",
-                                     bounds_dtype=bounds_dtype, dense_layers=tuple(counts["dense_layers"]),
+                                     bounds_dtype=bounds_dtype, dense_layers=tuple(rewrite.dense_layers),
                                      track_importance=tracks_importance(layers)),
-        vocab_size=vocab, capacity=capacity, sparse_layers=counts["sparse_layers"], layers=layers,
+        vocab_size=vocab, capacity=capacity, sparse_layers=rewrite.sparse_layers, layers=layers,
         eos_token_ids=eos,
         inputs={name: name for name in ("input_ids", "past_lens", "total_lens", "exact_lens", "chunk_lens", "logits_keep")
                 if any(value.name == name for value in onnx_model.graph.inputs)},
-        exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "input_kind": counts["kind"],
-                  "rules": sorted(set(counts["layers"].values()))},
+        exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "input_kind": rewrite.kind,
+                  "rules": sorted(set(rewrite.layers.values()))},
     )
     copied = [name for name in TOKENIZER_FILES if tokenizer_from and (tokenizer_from / name).is_file()]
     if copied:

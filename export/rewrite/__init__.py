@@ -12,6 +12,7 @@ why the graph has no logits_keep input when it has none.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import onnx_ir as ir
@@ -28,7 +29,7 @@ from .model_io import ExportError, finish_io, positions_from_past_lens
 from .optimum_attention import OptimumAttention
 from .probe import SourceProbe
 
-__all__ = ["ExportError", "Geometry", "SparseSettings", "geometry_from_graph", "rewrite_attention"]
+__all__ = ["ExportError", "Geometry", "RewriteResult", "SparseSettings", "geometry_from_graph", "rewrite_attention"]
 
 RULES = {"optimum": OptimumAttention, "genai": GenaiGroupQueryAttention, "attention23": OnnxAttention}
 
@@ -158,9 +159,22 @@ def _unmatched_reason(model: ir.Model, rule, slot: LayerSlot) -> str:
     return f"{result.reason or 'the structure differs'}" + (f" (at {where})" if where else "")
 
 
+@dataclasses.dataclass(frozen=True)
+class RewriteResult:
+    """What rewrite_attention did to a model."""
+
+    kind: str  # the source's attention form (layers.detect_kind: "optimum", "genai", "attention23")
+    rules_applied: int  # matches the rewrite rule set replaced
+    layers: dict[int, str]  # layer -> the rule that rewrote it
+    sparse_layers: list[int]  # layers with block bounds and selection
+    dense_layers: list[int]  # the others (attending exactly)
+    logits_keep: bool  # whether the graph takes logits_keep (the head sliced to a step's last positions)
+    logits_keep_refused: str | None  # if not, why
+
+
 def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geometry | None = None,
-                      capacity: int = 8192, key_factors: dict | None = None) -> dict:
-    """Rewrite every attention layer in place; return the counts. Raises ExportError naming the
+                      capacity: int = 8192, key_factors: dict | None = None) -> RewriteResult:
+    """Rewrite every attention layer in place; return what was done. Raises ExportError naming the
     layers that did not match or were refused (the model is then left unusable: rewrite a copy).
     `capacity`: the longest context the model is exported for; masks are probed up to it.
     `key_factors`: with int8 caches, each layer's key channel factors [N, D] (apps/calibrate.py)."""
@@ -206,6 +220,6 @@ def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geome
     finish_io(model, context, past_key, past_value, present_key, present_value,
               drop_inputs=("attention_mask", "position_ids"), logits_keep=logits_keep)
     sparse = context.sparse_layers()
-    return {"kind": kind, "rewritten": count, "layers": dict(sorted(context.rewritten.items())),
-            "sparse_layers": sparse, "dense_layers": [slot.index for slot in slots if slot.index not in sparse],
-            "logits_keep": logits_keep is not None, "logits_keep_refused": no_keep_reason or None}
+    return RewriteResult(kind, count, dict(sorted(context.rewritten.items())), sparse,
+                         [slot.index for slot in slots if slot.index not in sparse], logits_keep is not None,
+                         no_keep_reason or None)

@@ -38,7 +38,7 @@ def _export(kind, tmp_path, top_k, dense_layers=(0,), weight_type="float"):
 @pytest.mark.parametrize("kind", list(GRAPHS))
 def test_rewritten_graph_matches_the_original(kind, tmp_path):
     model, report = _export(kind, tmp_path, top_k=64)  # 64 blocks of 8 cover the context: dense
-    assert report.counts["kind"] == ("genai" if kind.startswith("gqa") else "attention23")
+    assert report.rewrite.kind == ("genai" if kind.startswith("gqa") else "attention23")
     greedy_against_original(report.output, model, 9, kind, seed=7)
 
 
