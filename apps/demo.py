@@ -27,7 +27,7 @@ from ..runtime.compare import Comparison, compare, timed_generation
 from ..runtime.generate import Sampling
 from ..runtime.model import QuestModel
 from .console import add_logging_flags, configure_logging
-from .pipeline import export_sparse
+from ..pipeline import export_sparse
 
 WORK = pathlib.Path("build") / "demo"
 TOP_K = 32  # the design card's --k

@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     configure_logging(args.verbose, args.quiet)
     from ..export.requirements import missing_message
-    from .pipeline import export_sparse, rewrite_onnx
+    from ..pipeline import export_sparse, rewrite_onnx
 
     if (missing := missing_message(args.family, args.model)) is not None:
         print(f"export-sparse: error: {missing}", file=sys.stderr)

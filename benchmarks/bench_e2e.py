@@ -60,7 +60,7 @@ def ensure_models() -> dict[str, pathlib.Path]:
     """The folders of KINDS, exported once under build/models (gqa-int8 is gqa-float16's folder: its
     int8 graph is written there by benchmarks.gqa_int8)."""
     from quest_ort.export.families import FAMILIES, build_default_model
-    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
     from quest_ort.model_folder.settings import default_bounds_dtype
 

@@ -120,7 +120,7 @@ def llama_seconds(row: dict) -> float:
 
 
 def ensure_export(gguf: pathlib.Path) -> pathlib.Path:
-    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
     from quest_ort.model_folder.sidecar import Sidecar
 

@@ -25,7 +25,7 @@ MODELS = ROOT / "build" / "models"
 def ensure_models() -> tuple[pathlib.Path, pathlib.Path]:
     """The default Quest export (--k 32) and optimum's export of SmolLM2, built once under build/models
     from the checkpoint converted once under build/weights."""
-    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.pipeline import export_sparse
     from quest_ort.export.steps import optimum_export
     from quest_ort.export.rewrite import SparseSettings
     from quest_ort.export.weights import checkpoint

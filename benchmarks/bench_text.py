@@ -51,7 +51,7 @@ print(json.dumps({"tokens": tokens, "times": times}))
 
 
 def ensure_folder() -> pathlib.Path:
-    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
     from quest_ort.export.weights import checkpoint
 

@@ -54,7 +54,7 @@ def log(started: float, message: str) -> None:
 
 def export_default(name: str, capacity: int, reuse: bool) -> pathlib.Path:
     """The default export of checkpoint `name`, at `capacity` tokens."""
-    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
     from quest_ort.export.weights import CHECKPOINTS, checkpoint
     from quest_ort.model_folder.settings import CHUNK_SETTINGS

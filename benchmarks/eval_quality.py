@@ -163,7 +163,7 @@ class Suite:
         self.dense = self.variant(qr.Config(default.policy, every_block * default.policy.block_size))
 
     def _export(self, source, label: str, settings, reuse: bool) -> pathlib.Path:
-        from quest_ort.apps.pipeline import export_sparse
+        from quest_ort.pipeline import export_sparse
         from quest_ort.model_folder.sidecar import Sidecar
 
         folder = self.work / label
@@ -397,7 +397,7 @@ def run_cache_types(name: str, plan: Plan, args, clock: Clock, tokenizer=None) -
         begin = time.time()
         folder = WORK / name / f"kv-{dtype}" if bounds is None else WORK / name / f"kv-{dtype}-bounds-{bounds}"
         if not (args.reuse_exports and (folder / "quest_model.json").is_file()):
-            from quest_ort.apps.pipeline import export_sparse
+            from quest_ort.pipeline import export_sparse
 
             def export(validate: bool) -> None:
                 export_sparse(shipped.family, output=folder,

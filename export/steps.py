@@ -1,4 +1,4 @@
-"""The steps of an export that write a model folder; apps/pipeline.py runs them in order.
+"""The steps of an export that write a model folder; pipeline/run.py runs them in order.
 
 A checkpoint's geometry, optimum's ONNX export, and the checked, saved model folder (graph,
 sidecar, tokenizer files) moved into place.

@@ -366,7 +366,7 @@ class _Checker:
 
     def check_key_smoothing(self, quest: list) -> None:
         """key_smoothing: every attention node's query and new keys come out of a Mul by a constant
-        (apps/calibrate.py's factors)."""
+        (pipeline/calibrate.py's factors)."""
         if not self.s.settings.key_smoothing:
             return
         constants = {t.name for t in self.graph.initializer}

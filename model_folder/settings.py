@@ -67,7 +67,7 @@ class SparseSettings:
     track_importance: bool | None = None
     weights: str = "float"  # one of WEIGHT_TYPES
     # int8 caches: the keys' channels rescaled by powers of two measured on the source graph, the
-    # queries by the inverse, so that one scale per row suits every channel (apps/calibrate.py).
+    # queries by the inverse, so that one scale per row suits every channel (pipeline/calibrate.py).
     # A folder records whether its graph does it (false with float caches).
     key_smoothing: bool = True
     # A sparse prefill (Generator(prefill="sparse")): each chunk of chunk_size prompt queries lists

@@ -177,7 +177,7 @@ def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geome
     """Rewrite every attention layer in place; return what was done. Raises ExportError naming the
     layers that did not match or were refused (the model is then left unusable: rewrite a copy).
     `capacity`: the longest context the model is exported for; masks are probed up to it.
-    `key_factors`: with int8 caches, each layer's key channel factors [N, D] (apps/calibrate.py)."""
+    `key_factors`: with int8 caches, each layer's key channel factors [N, D] (pipeline/calibrate.py)."""
     graph = model.graph
     kind = detect_kind(graph)
     slots = find_layers(graph, kind)

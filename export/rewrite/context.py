@@ -79,7 +79,7 @@ class RewriteContext:
                 for role, values in (("key", self.key_scale), ("value", self.value_scale)):
                     values[layer] = input_value(f"past_{role}_scale.{layer}", ir.DataType.FLOAT16,
                                                 [batch_dim, N, "capacity"])
-        # int8 caches: layer -> key channel factors [N, D] (apps/calibrate.py); keys enter the ops divided
+        # int8 caches: layer -> key channel factors [N, D] (pipeline/calibrate.py); keys enter the ops divided
         # by them, queries multiplied.
         self.key_factors = dict(key_factors or {}) if self.int8 else {}
         self.rewritten: dict[int, str] = {}  # layer -> rule name

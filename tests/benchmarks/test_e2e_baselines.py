@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks import bench_e2e, gqa_int8
-from quest_ort.apps.pipeline import export_sparse
+from quest_ort.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.ops.reference import int8_bounds
 from quest_ort.runtime.model import QuestModel

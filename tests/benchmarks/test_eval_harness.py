@@ -306,7 +306,7 @@ def test_the_cache_type_comparison_measures_an_export_its_validation_refuses(tmp
     tolerance): the refusal is recorded and named in the report, the export measured all the same."""
     import types
 
-    from quest_ort.apps import validate
+    from quest_ort.pipeline import validate
     from quest_ort.export import weights
 
     tiny = tiny_model("llama")

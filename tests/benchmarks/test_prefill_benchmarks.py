@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import bench_e2e, bench_llamacpp, eval_prefill
-from quest_ort.apps.pipeline import export_sparse
+from quest_ort.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
 from support.export_models import tiny_model
 

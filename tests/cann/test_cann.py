@@ -275,7 +275,7 @@ def test_a_portable_export_runs_without_the_library_and_matches_the_native_ops(t
     import onnx
 
     from support.export_models import quest_export, tiny_model
-    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
     from quest_ort.graphs.portable import ops_outside_cann_graph_mode
     from quest_ort.runtime.generate import greedy

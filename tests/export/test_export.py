@@ -251,7 +251,7 @@ def test_a_layer_that_does_not_match_is_named():
 
 
 def test_wrong_family_is_refused_and_nothing_is_written(tmp_path):
-    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.pipeline import export_sparse
 
     output = tmp_path / "out"
     with pytest.raises(ExportError, match="llama"):

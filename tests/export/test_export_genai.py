@@ -16,8 +16,8 @@ import pytest
 from onnx import helper
 
 from quest_ort.apps.export_cli import main as export_cli
-from quest_ort.apps.pipeline import rewrite_onnx
-from quest_ort.apps.validate import INT8_ACTIVATION_TOLERANCE, SourceRunner
+from quest_ort.pipeline import rewrite_onnx
+from quest_ort.pipeline.validate import INT8_ACTIVATION_TOLERANCE, SourceRunner
 from quest_ort.export.rewrite import ExportError, SparseSettings, geometry_from_graph
 from quest_ort.export.steps import MODEL_FILE, check_model_path
 from quest_ort.runtime.generate import greedy
@@ -123,7 +123,7 @@ def test_int8_caches_smooth_the_keys_of_a_gqa_source(interleaved, tmp_path):
     on onnxruntime-genai's shared buffers, the smoothed export passes both parts of the validation
     (interleaved rotary pairs channels 2i and 2i+1, not c and c + D/2: the factors are then less
     apt, never wrong), and it decodes."""
-    from quest_ort.apps import validate
+    from quest_ort.pipeline import validate
 
     source = save_source(builder_style(True, interleaved), tmp_path / "source", genai_config())
     report = rewrite_onnx(source, output=tmp_path / "quest", settings=SparseSettings(
@@ -168,7 +168,7 @@ def test_int8_activations_keep_the_greedy_tokens(tmp_path):
 def greedy_against_source(folder: pathlib.Path, model: onnx.ModelProto, steps: int, seed: int) -> float:
     """Greedy decoding of the Quest folder from a random 29-token prompt; asserts that the source
     graph picks the same token at every step; returns the largest logit difference relative to the
-    logits' scale (their largest magnitude, at least 1), as apps/validate.py measures it."""
+    logits' scale (their largest magnitude, at least 1), as pipeline/validate.py measures it."""
     quest = QuestModel(folder, threads=1)
     prompt = np.random.default_rng(seed).integers(0, VOCAB, 29).tolist()
     tokens, logits = greedy(quest, [prompt], steps, return_logits=True)

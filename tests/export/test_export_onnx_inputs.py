@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import pytest
 
-from quest_ort.apps.pipeline import rewrite_onnx
-from quest_ort.apps.validate import WEIGHT_TOLERANCES
+from quest_ort.pipeline import rewrite_onnx
+from quest_ort.pipeline.validate import WEIGHT_TOLERANCES
 from quest_ort.export.rewrite import ExportError, SparseSettings
 from quest_ort.runtime.generate import greedy
 from quest_ort.runtime.model import QuestModel

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from quest_ort.apps.pipeline import rewrite_onnx
+from quest_ort.pipeline import rewrite_onnx
 from quest_ort.export.rewrite import ExportError, SparseSettings
 from support.attention_graphs import (HEADS, HEAD_DIM, KV_HEADS, attention23_model, genai_gqa_model,
                                       greedy_against_original, weights)
@@ -296,7 +296,7 @@ def test_optimum_attention_refuses_a_sliding_window(tmp_path):
     windowed layers are refused, named, before anything is written."""
     from support.export_models import TINY
     from quest_ort.export.families import FAMILIES, build_default_model
-    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.pipeline import export_sparse
 
     build_default_model(FAMILIES["qwen2"], tmp_path / "checkpoint", **TINY["qwen2"], use_sliding_window=True,
                         sliding_window=32, max_window_layers=1)

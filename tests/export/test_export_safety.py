@@ -75,7 +75,7 @@ def test_cli_help_explains_every_option():
 
 def test_the_output_may_not_be_the_input_folder_and_nothing_is_written(tmp_path):
     from support.export_models import tiny_model
-    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.pipeline import export_sparse
     from quest_ort.export.rewrite import ExportError
     from quest_ort.export.rewrite import SparseSettings
 

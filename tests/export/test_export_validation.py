@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from quest_ort.apps import export_cli as cli
-from quest_ort.apps.pipeline import export_sparse
+from quest_ort.pipeline import export_sparse
 from quest_ort.export.rewrite import ExportError, SparseSettings
-from quest_ort.apps.validate import plan
+from quest_ort.pipeline.validate import plan
 from support.export_models import tiny_model
 
 OUT_OF_RANGE = [
@@ -93,7 +93,7 @@ def test_narrow_caches_validate_the_rewrite_exactly_then_bound_their_drift(tmp_p
     """Caches narrower than the float32 activations: the rewrite with float32 caches is held to the
     float32 tolerance, the narrow caches' relative logit error to CACHE_TOLERANCES; past it, the
     export is refused naming the cache type and the table, and nothing is written."""
-    from quest_ort.apps import validate
+    from quest_ort.pipeline import validate
 
     def export(output):
         return export_sparse("qwen3", output=output, settings=SparseSettings(top_k=4, block_size=4, kv_dtype=kv_dtype),
@@ -116,7 +116,7 @@ def test_quantized_weights_over_narrow_caches_are_bounded_by_both_tolerances(tmp
     runs each of the validation's token sequences once for the three folders compared with it."""
     import math
 
-    from quest_ort.apps import validate
+    from quest_ort.pipeline import validate
 
     source_steps, step = [], validate.SourceRunner.step
 

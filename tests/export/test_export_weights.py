@@ -2,7 +2,7 @@
 
 The Qwen3 family's default model (random weights, seed 0) exported three ways through the command; the
 quantized folders hold MatMulNBits nodes in place of every float projection weight, run in the
-runtime, and stay within the documented drift (apps/validate.py WEIGHT_TOLERANCES) of the float
+runtime, and stay within the documented drift (pipeline/validate.py WEIGHT_TOLERANCES) of the float
 export. The tiny models of the other families (tied embeddings, a K that is no multiple of the
 quantization block) and the GroupQueryAttention baseline quantize too.
 """
@@ -23,9 +23,9 @@ import onnx
 import pytest
 
 from quest_ort.apps import export_cli as cli
-from quest_ort.apps import validate
-from quest_ort.apps.pipeline import export_sparse
-from quest_ort.apps.validate import WEIGHT_TOLERANCES, relative_logit_error
+from quest_ort.pipeline import validate
+from quest_ort.pipeline import export_sparse
+from quest_ort.pipeline.validate import WEIGHT_TOLERANCES, relative_logit_error
 from quest_ort.export.quantize import BLOCK_SIZE
 from quest_ort.export.rewrite import ExportError, SparseSettings
 from quest_ort.model_folder.folder_check import float_weight_gathers, float_weight_matmuls
@@ -187,7 +187,7 @@ def test_a_drift_beyond_the_tolerance_fails_the_export_naming_it(tmp_path, monke
     monkeypatch.setitem(validate.WEIGHT_TOLERANCES, "int4", 1e-3)
     settings = SparseSettings(top_k=2, block_size=16, dense_layers=(0,), weights="int4")
     with pytest.raises(ExportError, match=r"int4 weights move the logits by a relative error of [0-9.]+ from the "
-                                          r"float source graph's, above the tolerance 0.001 \(apps/validate.py "
+                                          r"float source graph's, above the tolerance 0.001 \(pipeline/validate.py "
                                           r"WEIGHT_TOLERANCES\)"):
         export_sparse("qwen3", output=tmp_path / "out", settings=settings, model=str(tiny_model("qwen3").checkpoint),
                       capacity=256, log=lambda *a, **k: None)
@@ -269,7 +269,7 @@ def test_a_folder_without_the_field_reads_as_float(tmp_path):
 def test_a_source_with_quantized_weights_is_refused_before_any_work(weights, tmp_path):
     """Quantizing MatMulNBits again is not a thing ONNX Runtime's quantizer does, and a folder mixing
     bits would be refused when opened: a packed source is refused at once, naming the node."""
-    from quest_ort.apps.pipeline import rewrite_onnx
+    from quest_ort.pipeline import rewrite_onnx
 
     folder, _ = default_export("int4")
     settings = SparseSettings(top_k=4, weights=weights)

@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from quest_ort.apps.pipeline import export_sparse
+from quest_ort.pipeline import export_sparse
 from quest_ort.export.genai_variant import GENAI_CONFIG_FILE, GENAI_MODEL_FILE, LIBRARY_FILE, genai_refusal
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.runtime.generate import Generator, Sampling

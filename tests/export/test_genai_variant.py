@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from quest_ort.apps.pipeline import export_sparse
+from quest_ort.pipeline import export_sparse
 from quest_ort.export.genai_variant import GENAI_CONFIG_FILE, GENAI_MODEL_FILE, LIBRARY_FILE
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.runtime.binding import InPlaceStep

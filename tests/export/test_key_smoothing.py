@@ -1,4 +1,4 @@
-"""int8 caches' key smoothing: the per-channel factors (apps/calibrate.py) and their place in the graph."""
+"""int8 caches' key smoothing: the per-channel factors (pipeline/calibrate.py) and their place in the graph."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import onnx
 import pytest
 
-from quest_ort.apps.calibrate import SMALLEST_FACTOR, key_channel_factors
-from quest_ort.apps.pipeline import export_sparse
+from quest_ort.pipeline.calibrate import SMALLEST_FACTOR, key_channel_factors
+from quest_ort.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.export.steps import optimum_export
 from quest_ort.runtime.model import QuestModel

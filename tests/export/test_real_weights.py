@@ -10,8 +10,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from quest_ort.apps.pipeline import export_sparse
-from quest_ort.apps.validate import WEIGHT_TOLERANCES
+from quest_ort.pipeline import export_sparse
+from quest_ort.pipeline.validate import WEIGHT_TOLERANCES
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.export.weights import CHECKPOINTS, checkpoint, gguf_file
 from quest_ort.model_folder.folder_check import float_weight_matmuls

@@ -31,7 +31,7 @@ GQA = dict(top_k=4, attention="gqa")
 
 @functools.cache
 def _portable_export() -> pathlib.Path:
-    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
 
     output = pathlib.Path(tempfile.mkdtemp(prefix="quest-portable-")) / "model"

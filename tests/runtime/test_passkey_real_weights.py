@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import quality_runtime
 from benchmarks.quality_inputs import keys, pass_key_prompt
-from quest_ort.apps.pipeline import export_sparse
+from quest_ort.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.export.weights import checkpoint
 from quest_ort.runtime.generate import Generator, Sampling

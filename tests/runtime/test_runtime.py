@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from quest_ort.apps.pipeline import export_sparse
+from quest_ort.pipeline import export_sparse
 from quest_ort.export.rewrite import SparseSettings
 from quest_ort.runtime.compare import compare
 from quest_ort.runtime.generate import PREFILL_MODES, Generator, Sampling, greedy, prefill

@@ -301,7 +301,7 @@ def test_generate_text_continues_a_plain_prompt():
 
 
 def test_the_readmes_chat_snippet_runs_on_the_default_export(tmp_path):
-    from quest_ort.apps.pipeline import export_sparse
+    from quest_ort.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
     from support.readme_snippets import run_chat_snippet
 

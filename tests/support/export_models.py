@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 
 from quest_ort.export.families import FAMILIES, build_default_model
-from quest_ort.apps.pipeline import export_sparse
+from quest_ort.pipeline import export_sparse
 from quest_ort.export.steps import optimum_export
 from quest_ort.export.rewrite import SparseSettings
 

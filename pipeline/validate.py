@@ -312,11 +312,11 @@ def validate_drift(source: SourceLogits, staged: pathlib.Path) -> Drift:
     if not (drift.spread_ratio >= INFORMATIVE_SPREAD and drift.correlation >= INFORMATIVE_CORRELATION):
         raise ExportError(f"validation failed: with {what} the logits carry little of the source's information (their "
                           f"spread over the vocabulary is {drift.spread_ratio:.3g} of the float source graph's, their "
-                          f"correlation with them {drift.correlation:.3g}; apps/validate.py asks for at least "
+                          f"correlation with them {drift.correlation:.3g}; pipeline/validate.py asks for at least "
                           f"{INFORMATIVE_SPREAD} and {INFORMATIVE_CORRELATION}); export with a wider type")
     if not drift.relative_error <= drift.tolerance:
         tables = " and ".join(part[2] for part in parts)
         raise ExportError(f"validation failed: {what} move the logits by a relative error of "
                           f"{drift.relative_error:.3g} from the float source graph's, above the tolerance "
-                          f"{drift.tolerance:.3g} (apps/validate.py {tables}); export with a wider type")
+                          f"{drift.tolerance:.3g} (pipeline/validate.py {tables}); export with a wider type")
     return drift

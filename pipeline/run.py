@@ -8,7 +8,7 @@ rewrite_onnx:  check and load the .onnx file -------------------+-> [measure the
       [-> quantize the weights -> validate their drift] -> place
 ```
 (the bracketed steps: with int8 caches, the key channels' ranges measured on the source graph
-(apps/calibrate.py); with `settings.weights` int8 or int4, the float folder is validated exactly,
+(pipeline/calibrate.py); with `settings.weights` int8 or int4, the float folder is validated exactly,
 then quantized in place, and only the quantized files reach the output)
 Each long step is announced; nothing is written to the output folder unless every step succeeds
 (the work happens in a temporary folder next to it and is moved into place at the end).
@@ -35,7 +35,7 @@ from ..model_folder.settings import Geometry
 from ..model_folder.sidecar import Sidecar
 from ..ops import get_library_path
 from .calibrate import CALIBRATION_TOKENS, calibrate_key_factors
-from .console import Progress
+from .progress import Progress
 from .validate import Drift, SourceLogits, narrow_cache, validate_drift, validate_export
 
 
