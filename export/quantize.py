@@ -28,7 +28,6 @@ import pathlib
 
 from ..model_folder.folder_check import float_weight_gathers, float_weight_matmuls
 from ..model_folder.settings import WEIGHT_BITS
-from ..model_folder.sidecar import Sidecar
 from .rewrite import ExportError
 
 BLOCK_SIZE = 32  # weights per scale along K (MatMulNBits' block_size; 16 and up, a power of 2)
@@ -96,10 +95,11 @@ def _int4_opset(model):
     return model
 
 
-def quantize_folder(folder: pathlib.Path, weights: str) -> QuantizedWeights:
-    """Quantize the MatMul weights of the float model folder `folder` to `weights` ("int8" or
-    "int4") in place: its model and data files are rewritten holding MatMulNBits nodes, and its
-    sidecar records the weight type."""
+def quantize_model(source: pathlib.Path, target: pathlib.Path, weights: str) -> QuantizedWeights:
+    """Quantize the MatMul weights of the float model file `source` to `weights` ("int8" or "int4"),
+    writing the graph, holding MatMulNBits nodes, to `target` and its data to target + ".data"
+    (`target` may be `source`: its files are then replaced). The folder's sidecar is its writer's
+    business (pipeline/run.py writes the quantized folder's once)."""
     import onnx
     import onnx_ir as ir
 
@@ -107,10 +107,7 @@ def quantize_folder(folder: pathlib.Path, weights: str) -> QuantizedWeights:
 
     if weights not in WEIGHT_BITS:
         raise ExportError(f"weights must be one of {list(WEIGHT_BITS)} to quantize, got {weights!r}")
-    sidecar = Sidecar.read(folder)
-    if sidecar.settings.weights != "float":
-        raise ExportError(f"{folder} holds {sidecar.settings.weights} weights already")
-    path = folder / sidecar.model_file
+    path = pathlib.Path(source)
     model = onnx.load(str(path))  # its external data too: the files are rewritten below
     matmuls = tuple(node.name for node in float_weight_matmuls(model.graph))
     gathers = tuple(node.name for node in float_weight_gathers(model.graph)) if "Gather" in QUANTIZED_OPS[weights] else ()
@@ -133,11 +130,10 @@ def quantize_folder(folder: pathlib.Path, weights: str) -> QuantizedWeights:
     if left:
         raise ExportError(f"--weights {weights}: ONNX Runtime's quantizer left {len(left)} Gather tables in float "
                           f"(first: node {left[0].name!r}, table {left[0].input[0]!r})")
-    data = pathlib.Path(str(path) + ".data")
-    for old in (path, data):
+    target = pathlib.Path(target)
+    data = pathlib.Path(str(target) + ".data")
+    for old in (target, data):
         old.unlink(missing_ok=True)
-    ir.save(ir.serde.deserialize_model(quantized), path, external_data=data.name)
-    check_model_path(path)
-    sidecar.settings = dataclasses.replace(sidecar.settings, weights=weights)
-    sidecar.write(folder)
+    ir.save(ir.serde.deserialize_model(quantized), target, external_data=data.name)
+    check_model_path(target)
     return QuantizedWeights(weights, matmuls, gathers)

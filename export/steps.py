@@ -12,7 +12,7 @@ import pathlib
 import shutil
 
 from ..model_folder.settings import Geometry, SparseSettings
-from ..model_folder.sidecar import Sidecar, tracks_importance
+from ..model_folder.sidecar import Sidecar
 from .rewrite import ExportError, RewriteResult
 
 MODEL_FILE = "model.quest.onnx"
@@ -71,10 +71,36 @@ def optimum_export(checkpoint: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     return out / "model.onnx"
 
 
-def save_folder(onnx_model, work: pathlib.Path, rewrite: RewriteResult, geometry: Geometry, settings: SparseSettings,
-                family: str, source: str, capacity: int, vocab: int, eos: list[int],
-                tokenizer_from: pathlib.Path | None) -> tuple[pathlib.Path, Sidecar]:
-    """Save the rewritten model under fresh file names with its sidecar (and tokenizer files)."""
+def folder_sidecar(onnx_model, rewrite: RewriteResult, geometry: Geometry, family: str, source: str, capacity: int,
+                   vocab: int, eos: list[int], tokenizer: bool) -> Sidecar:
+    """What the folder of this rewrite records: its settings as exported (rewrite.settings, the one
+    value), its layers' and graph's I/O names, where it came from. Written once, into the folder
+    that holds the final graph (save_folder; the quantized folder's by the pipeline)."""
+    import onnx
+
+    settings = rewrite.settings
+    graph_bounds = _bounds_dtype(onnx_model)
+    if graph_bounds != settings.bounds_dtype:
+        raise ExportError(f"the rewritten graph's block bounds are {graph_bounds}, its settings say "
+                          f"{settings.bounds_dtype}")
+    layers = [Sidecar.layer_io(layer, layer in rewrite.sparse_layers, settings.importance,
+                               int8=settings.kv_dtype == "int8", int8_bounds=settings.bounds_dtype == "int8")
+              for layer in range(geometry.num_layers)]
+    return Sidecar(
+        model_file=MODEL_FILE, family=family, source=source, geometry=geometry, settings=settings,
+        vocab_size=vocab, capacity=capacity, sparse_layers=rewrite.sparse_layers, layers=layers,
+        eos_token_ids=eos,
+        inputs={name: name for name in ("input_ids", "past_lens", "total_lens", "exact_lens", "chunk_lens", "logits_keep")
+                if any(value.name == name for value in onnx_model.graph.inputs)},
+        exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "input_kind": rewrite.kind,
+                  "rules": sorted(set(rewrite.layers.values()))},
+        tokenizer="tokenizer" if tokenizer else None,
+    )
+
+
+def save_folder(onnx_model, folder: pathlib.Path, sidecar: Sidecar, tokenizer_from: pathlib.Path | None) -> None:
+    """Save the rewritten model into the new `folder` under fresh file names, with `sidecar` (its
+    tokenizer files, when it names them, copied from `tokenizer_from`)."""
     import onnx
     import onnx_ir as ir
 
@@ -82,8 +108,11 @@ def save_folder(onnx_model, work: pathlib.Path, rewrite: RewriteResult, geometry
     from ..graphs.portable import resolve_cast_like, value_types
     from .rewrite.model_io import unname_unread_outputs
 
-    staged = work / "out"
+    staged = folder
     staged.mkdir()
+    settings = sidecar.settings
+    if settings.weights != "float":
+        raise ExportError(f"save_folder writes the rewritten float graph; its sidecar says {settings.weights} weights")
     _load_external_constants(onnx_model)
     unname_unread_outputs(onnx_model.graph)
     if settings.portable:  # every Quest node as its standard-op body: no op library needed to run it
@@ -94,32 +123,20 @@ def save_folder(onnx_model, work: pathlib.Path, rewrite: RewriteResult, geometry
         resolve_cast_like(graph_only, value_types(staged / MODEL_FILE))
         onnx.save(graph_only, str(staged / MODEL_FILE))  # the data file stays as written
     check_model_path(staged / MODEL_FILE)
-    bounds_dtype = _bounds_dtype(onnx_model)
-    layers = [Sidecar.layer_io(layer, layer in rewrite.sparse_layers, settings.importance,
-                               int8=settings.kv_dtype == "int8", int8_bounds=bounds_dtype == "int8")
-              for layer in range(geometry.num_layers)]
-    sidecar = Sidecar(
-        model_file=MODEL_FILE, family=family, source=source, geometry=geometry,
-        # as exported: the cache and bound dtypes resolved, the dense layers those the model has
-        settings=dataclasses.replace(settings, kv_dtype=settings.kv_dtype or geometry.activation_dtype,
-                                     key_smoothing=settings.key_smoothing and settings.kv_dtype == "int8",
-                                     bounds_dtype=bounds_dtype, dense_layers=tuple(rewrite.dense_layers),
-                                     track_importance=tracks_importance(layers)),
-        vocab_size=vocab, capacity=capacity, sparse_layers=rewrite.sparse_layers, layers=layers,
-        eos_token_ids=eos,
-        inputs={name: name for name in ("input_ids", "past_lens", "total_lens", "exact_lens", "chunk_lens", "logits_keep")
-                if any(value.name == name for value in onnx_model.graph.inputs)},
-        exporter={"tool": "quest_ort export-sparse", "onnx": onnx.__version__, "input_kind": rewrite.kind,
-                  "rules": sorted(set(rewrite.layers.values()))},
-    )
-    copied = [name for name in TOKENIZER_FILES if tokenizer_from and (tokenizer_from / name).is_file()]
-    if copied:
-        (staged / "tokenizer").mkdir()
-        for name in copied:
-            shutil.copy2(tokenizer_from / name, staged / "tokenizer" / name)
-        sidecar.tokenizer = "tokenizer"
+    if sidecar.tokenizer is not None:
+        copy_tokenizer(tokenizer_from, staged)
     sidecar.write(staged)
-    return staged, sidecar
+
+
+def tokenizer_files(folder: pathlib.Path | None) -> list[str]:
+    """The tokenizer files `folder` (a checkpoint's, or a model folder's tokenizer/) holds."""
+    return [name for name in TOKENIZER_FILES if folder is not None and (folder / name).is_file()]
+
+
+def copy_tokenizer(source: pathlib.Path, folder: pathlib.Path) -> None:
+    (folder / "tokenizer").mkdir()
+    for name in tokenizer_files(source):
+        shutil.copy2(source / name, folder / "tokenizer" / name)
 
 
 def _bounds_dtype(onnx_model) -> str | None:

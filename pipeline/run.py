@@ -8,8 +8,10 @@ rewrite_onnx:  check and load the .onnx file -------------------+-> [measure the
       [-> quantize the weights -> validate their drift] -> place
 ```
 (the bracketed steps: with int8 caches, the key channels' ranges measured on the source graph
-(pipeline/calibrate.py); with `settings.weights` int8 or int4, the float folder is validated exactly,
-then quantized in place, and only the quantized files reach the output)
+(pipeline/calibrate.py); with `settings.weights` int8 or int4, a float folder is validated exactly,
+then quantized into the output's folder, and only the quantized files reach the output)
+The settings are resolved once, by the rewrite (RewriteResult.settings: the cache and bound types,
+the dense layers...); the output folder's sidecar is built from them once and written once.
 Each long step is announced; nothing is written to the output folder unless every step succeeds
 (the work happens in a temporary folder next to it and is moved into place at the end).
 """
@@ -24,15 +26,14 @@ import time
 from typing import Callable
 
 from ..export.families import FAMILIES, build_default_model, load_checkpoint, read_config
-from ..export.quantize import BLOCK_SIZE, QUANTIZED_OPS, QuantizedWeights, quantize_folder
+from ..export.quantize import BLOCK_SIZE, QUANTIZED_OPS, QuantizedWeights, quantize_model
 from ..export.rewrite import ExportError, RewriteResult, SparseSettings, geometry_from_graph, rewrite_attention
 from ..export.genai_variant import genai_refusal, write_genai_files
 from ..export.rewrite.genai_config import read_genai_config
-from ..export.steps import (eos_ids, fit_dense_layers, geometry_from_config, optimum_export, place, prepare_output,
-                            save_folder)
+from ..export.steps import (MODEL_FILE, copy_tokenizer, eos_ids, fit_dense_layers, folder_sidecar, geometry_from_config,
+                            optimum_export, place, prepare_output, save_folder, tokenizer_files)
 from ..model_folder.safety import check_external_data
 from ..model_folder.settings import Geometry
-from ..model_folder.sidecar import Sidecar
 from ..ops import get_library_path
 from .calibrate import CALIBRATION_TOKENS, calibrate_key_factors
 from .progress import Progress
@@ -179,14 +180,18 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
         rewrite = rewrite_attention(graph.model, graph.settings, graph.geometry, capacity=graph.capacity,
                                    key_factors=key_factors)
         progress.step("checking and saving")
-        # saved float first (the rewrite is validated exactly), quantized below
-        float_settings = dataclasses.replace(graph.settings, weights="float")
         eos = eos_ids(graph.folder) if graph.eos is None else graph.eos
-        staged, _ = save_folder(graph.model, work, rewrite, graph.geometry, float_settings, graph.family,
-                                graph.description, graph.capacity, vocab, eos=eos, tokenizer_from=graph.folder)
+        # The folder's one description, its settings the rewrite's (every default resolved, once).
+        sidecar = folder_sidecar(graph.model, rewrite, graph.geometry, graph.family, graph.description,
+                                 graph.capacity, vocab, eos, tokenizer=bool(tokenizer_files(graph.folder)))
+        # Saved float first (the rewrite is validated exactly); quantized weights go into a folder of
+        # their own below, whose sidecar is this one, written there once.
+        staged = work / ("float" if quantize else "out")
+        float_sidecar = dataclasses.replace(sidecar, settings=dataclasses.replace(sidecar.settings, weights="float"))
+        save_folder(graph.model, staged, float_sidecar if quantize else sidecar, tokenizer_from=graph.folder)
         difference = quantized = drift = cache_drift = None
         activation = graph.geometry.activation_dtype
-        kv = graph.settings.kv_dtype or activation
+        kv = sidecar.settings.kv_dtype
         if validate and narrow_cache(kv, activation):
             progress.step(f"validating against {reference}: the rewrite with {activation} caches, then the logit "
                           f"drift of the {kv} caches")
@@ -202,11 +207,16 @@ def _export(source: Callable[[pathlib.Path, Progress], _Source], source_steps: i
             embedding = ", the embedding into GatherBlockQuantized" if "Gather" in QUANTIZED_OPS[weights] else ""
             progress.step(f"quantizing the MatMul weights to {weights} (ONNX Runtime's MatMulNBits{embedding}, "
                           f"blocks of {BLOCK_SIZE})")
-            quantized = quantize_folder(staged, weights)
+            float_folder, staged = staged, work / "out"
+            staged.mkdir()
+            quantized = quantize_model(float_folder / MODEL_FILE, staged / MODEL_FILE, weights)
+            if sidecar.tokenizer is not None:
+                copy_tokenizer(float_folder / sidecar.tokenizer, staged)
+            sidecar.write(staged)
+            shutil.rmtree(float_folder)
             if validate:
                 progress.step(f"measuring the logit drift of the {weights} weights against {reference}")
                 drift = validate_drift(reference_logits, staged)
-        sidecar = Sidecar.read(staged)  # as quantizing left it
         genai_files = genai_refusal(sidecar)
         if genai_files is None:  # the genai variant reads the final graph: written last
             genai_files = write_genai_files(staged, sidecar, get_library_path())
@@ -224,10 +234,10 @@ def _activation_cache_twin(graph: _Source, work: pathlib.Path, vocab: int) -> pa
     settings = dataclasses.replace(graph.settings, kv_dtype=None, key_smoothing=False, weights="float")
     model = ir.load(graph.path)
     rewrite = rewrite_attention(model, settings, graph.geometry, capacity=graph.capacity)
-    work.mkdir()
-    staged, _ = save_folder(model, work, rewrite, graph.geometry, settings, graph.family, graph.description,
-                            graph.capacity, vocab, eos=[], tokenizer_from=None)
-    return staged
+    sidecar = folder_sidecar(model, rewrite, graph.geometry, graph.family, graph.description, graph.capacity, vocab,
+                             eos=[], tokenizer=False)
+    save_folder(model, work, sidecar, tokenizer_from=None)
+    return work
 
 
 def _logits_vocab(onnx_model) -> int:

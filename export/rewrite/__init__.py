@@ -170,6 +170,7 @@ class RewriteResult:
     dense_layers: list[int]  # the others (attending exactly)
     logits_keep: bool  # whether the graph takes logits_keep (the head sliced to a step's last positions)
     logits_keep_refused: str | None  # if not, why
+    settings: SparseSettings  # as exported, every default resolved (RewriteContext.exported_settings)
 
 
 def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geometry | None = None,
@@ -222,4 +223,4 @@ def rewrite_attention(model: ir.Model, settings: SparseSettings, geometry: Geome
     sparse = context.sparse_layers()
     return RewriteResult(kind, count, dict(sorted(context.rewritten.items())), sparse,
                          [slot.index for slot in slots if slot.index not in sparse], logits_keep is not None,
-                         no_keep_reason or None)
+                         no_keep_reason or None, context.exported_settings())

@@ -7,6 +7,7 @@ failed to match (the settings are model_folder/settings.py's).
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import onnx_ir as ir
 
@@ -100,6 +101,19 @@ class RewriteContext:
         if self.settings.attention != "quest":
             return []
         return [i for i in range(self.geometry.num_layers) if i not in self.settings.dense_layers]
+
+    def exported_settings(self) -> SparseSettings:
+        """The settings as this rewrite exports them, every choice left to a default resolved: the
+        cache and bound types, key smoothing (int8 caches only), the dense layers (those the model
+        has), whether the sparse layers carry block importance. The one value the folder records."""
+        kv = self.settings.kv_dtype or self.geometry.activation_dtype
+        sparse = self.sparse_layers()
+        bounds = self.settings.bounds_dtype or default_bounds_dtype(kv, self.settings.score)
+        return dataclasses.replace(
+            self.settings, kv_dtype=kv, key_smoothing=self.settings.key_smoothing and kv == "int8",
+            bounds_dtype=bounds if sparse else None,
+            dense_layers=tuple(i for i in range(self.geometry.num_layers) if i not in sparse),
+            track_importance=self.settings.importance and bool(sparse))
 
     def is_sparse(self, layer: int) -> bool:
         return layer in self.sparse_layers()

@@ -10,6 +10,7 @@ quantization block) and the GroupQueryAttention baseline quantize too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import io
 import json
@@ -30,6 +31,7 @@ from quest_ort.export.quantize import BLOCK_SIZE
 from quest_ort.export.rewrite import ExportError, SparseSettings
 from quest_ort.model_folder.folder_check import float_weight_gathers, float_weight_matmuls
 from quest_ort.model_folder.settings import WEIGHT_BITS
+from quest_ort.model_folder.sidecar import Sidecar
 from quest_ort.ops.schemas import DOMAIN
 from quest_ort.runtime.generate import Generator, Sampling, greedy
 from quest_ort.runtime.model import QuestModel
@@ -248,7 +250,11 @@ def test_an_int4_folder_that_kept_a_float_embedding_is_refused(tmp_path, monkeyp
 
     monkeypatch.setitem(quantize.QUANTIZED_OPS, "int4", ("MatMul",))
     folder = _copy(default_export("float")[0], tmp_path)
-    assert quantize.quantize_folder(folder, "int4").gathers == ()
+    model_file = folder / GRAPH
+    assert quantize.quantize_model(model_file, model_file, "int4").gathers == ()
+    sidecar = Sidecar.read(folder)
+    sidecar.settings = dataclasses.replace(sidecar.settings, weights="int4")
+    sidecar.write(folder)
     with pytest.raises(ValueError) as info:
         QuestModel(folder, threads=1)
     message = str(info.value)
@@ -276,3 +282,19 @@ def test_a_source_with_quantized_weights_is_refused_before_any_work(weights, tmp
     with pytest.raises(ExportError, match="quantized weights already .*MatMulNBits node"):
         rewrite_onnx(folder / GRAPH, output=tmp_path / "out", settings=settings, log=lambda *a, **k: None)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("weights", ["float", "int4"])
+def test_each_folder_sidecar_is_written_once_from_the_rewrites_settings(weights, tmp_path, monkeypatch):
+    """The settings are resolved once, by the rewrite, and the output's sidecar is those settings,
+    written once (quantized weights: a float folder validated first, with its own sidecar, then the
+    quantized folder's; the quantizer writes none)."""
+    written, write = [], Sidecar.write
+    monkeypatch.setattr(Sidecar, "write", lambda self, folder: written.append(
+        (pathlib.Path(folder).name, self.settings.weights)) or write(self, folder))
+    settings = SparseSettings(top_k=4, weights=weights)
+    report = export_sparse("qwen3", output=tmp_path / "out", settings=settings, capacity=512, log=lambda *a, **k: None)
+    assert written == ([("out", "float")] if weights == "float" else [("float", "float"), ("out", "int4")])
+    recorded = Sidecar.read(tmp_path / "out").settings
+    assert recorded == report.rewrite.settings and recorded.weights == weights
+    assert recorded.kv_dtype == "float32" and recorded.bounds_dtype == "float16" and recorded.dense_layers == (0, 1)
