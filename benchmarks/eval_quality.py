@@ -310,7 +310,7 @@ def run_harder_retrieval(suite: Suite, plan: Plan, clock: Clock) -> dict:
     models = {"default": suite.default, "dense": suite.dense}
     lengths = sorted(plan.lengths)
     prompts = quality_retrieval.multi_key_prompts(suite.tokenizer, lengths, len(plan.depths))
-    rows = quality_retrieval.run_multi_key(models, suite.tokenizer, prompts, ANSWER_TOKENS)
+    rows = quality_retrieval.run_multi_key(models, suite.tokenizer, prompts, quality_retrieval.MULTI_KEY_ANSWER_TOKENS)
     rows += quality_retrieval.run_asked_twice(models, suite.tokenizer, lengths, plan.depths, ANSWER_TOKENS)
     hits = {(task, label): sum(r["hit"] for r in rows if r["task"] == task and r["model"] == label)
             for task in ("multi-key", "asked twice") for label in models}
@@ -318,7 +318,8 @@ def run_harder_retrieval(suite: Suite, plan: Plan, clock: Clock) -> dict:
               f"{hits['multi-key', 'default']}, asked twice {hits['asked twice', 'dense']} / "
               f"{hits['asked twice', 'default']} ({time.time() - begin:.0f} s)")
     clock.phase("harder retrieval", time.time() - begin)
-    return dict(answer_tokens=ANSWER_TOKENS, keys_per_prompt=quality_retrieval.MULTI_KEYS, rows=rows)
+    return dict(answer_tokens=ANSWER_TOKENS, multi_key_answer_tokens=quality_retrieval.MULTI_KEY_ANSWER_TOKENS,
+                keys_per_prompt=quality_retrieval.MULTI_KEYS, rows=rows)
 
 
 def run_perplexity(suite: Suite, configs: list[qr.Config], tokens: int, continuation_from: int,

@@ -25,6 +25,9 @@ LOCKS = ("the red door", "the blue gate", "the green safe", "the white locker")
 MULTI_INSTRUCTION = ("There are several pass keys hidden inside a lot of irrelevant text, each for a different lock. "
                      "Find them and memorize them. I will quiz you about one of them.")
 AGAIN = "What was the pass key again? Answer with the number only."
+# Greedy tokens per multi-key answer: the answer restates the lock ("The pass key for the white locker
+# is 40758."), and 12 tokens cut the key short (measured on SmolLM2: "... white locker is 40").
+MULTI_KEY_ANSWER_TOKENS = 24
 
 
 def lock_sentence(lock: str, key: str) -> str:
@@ -144,7 +147,8 @@ def retrieval_table(model: dict) -> list[str]:
     return [f"{MULTI_KEYS} keys for named locks at spread depths, the question naming one (multi-key); the "
             "single pass key asked, answered, then asked again in the same conversation (asked twice: the "
             "second answer counts). Through `Generator(model).generate`, "
-            f"{harder['answer_tokens']} greedy tokens per answer:", ""] + lines + [""]
+            f"{harder.get('multi_key_answer_tokens', harder['answer_tokens'])} greedy tokens per multi-key answer, "
+            f"{harder['answer_tokens']} per asked-twice answer:", ""] + lines + [""]
 
 
 def _case(row: dict) -> tuple:

@@ -383,6 +383,7 @@ def test_harder_retrieval_runs_through_generator_and_its_table_counts(suite, mon
 
     monkeypatch.setattr(suite, "tokenizer", ChatByteTokenizer())
     monkeypatch.setattr(eval_quality, "ANSWER_TOKENS", 4)  # the second turn fits the tiny suite's 640 tokens
+    monkeypatch.setattr(retrieval, "MULTI_KEY_ANSWER_TOKENS", 4)
     plan = eval_quality.Plan({560: 1}, depths=(0.25, 0.75))
     harder = eval_quality.run_harder_retrieval(suite, plan, eval_quality.Clock())
     rows = harder["rows"]
