@@ -1,8 +1,8 @@
 """Harder retrieval in `make eval`: several keys in one prompt with the question naming one, and a key asked twice in one conversation.
 
 Multi-key. Each prompt hides MULTI_KEYS keys of the same form, each for a named lock, at depths
-spread over the filler (their order rotates from prompt to prompt), and asks for one lock's key (the
-lock asked cycles too). A hit is the asked key in the answer; `confused` marks an answer that holds
+spread over the filler, and asks for one lock's key: the lock asked cycles, so its depth takes each
+place in turn (and the locks' order rotates every MULTI_KEYS prompts). A hit is the asked key in the answer; `confused` marks an answer that holds
 another lock's key instead.
 
 Asked twice. The single pass-key prompt, its greedy reply, then a second user turn asking for the
@@ -53,10 +53,11 @@ class MultiKeyPrompt:
 
 def multi_key_prompt(tokenizer, length: int, index: int) -> MultiKeyPrompt:
     """About `length` tokens: MULTI_KEYS lock sentences at evenly spread depths (their order rotated
-    by `index`), the question naming lock `index % MULTI_KEYS`."""
+    every MULTI_KEYS prompts), the question naming lock `index % MULTI_KEYS`: the asked key's depth
+    takes every place in turn."""
     lock_keys = tuple(keys(MULTI_KEYS, seed=1000 * length + index))
     spread = [(0.5 + slot) / MULTI_KEYS for slot in range(MULTI_KEYS)]
-    depths = tuple(spread[(lock + index) % MULTI_KEYS] for lock in range(MULTI_KEYS))
+    depths = tuple(spread[(lock + index // MULTI_KEYS) % MULTI_KEYS] for lock in range(MULTI_KEYS))
     asked = index % MULTI_KEYS
     question = lock_question(LOCKS[asked])
     needles = {lock: f" {lock_sentence(LOCKS[lock], lock_keys[lock])} " for lock in range(MULTI_KEYS)}

@@ -350,8 +350,9 @@ def test_a_cache_variant_run_again_replaces_only_its_own_rows():
 
 @pytest.mark.parametrize("index", [0, 1, 6])
 def test_a_multi_key_prompt_holds_every_lock_and_asks_one(index):
-    """Four lock sentences in the filler at spread depths, in an order that rotates, the question
-    naming one lock; about the length asked for."""
+    """Four lock sentences in the filler at spread depths, in an order that rotates every four
+    prompts, the question naming one lock, whose depth takes every place in turn; about the length
+    asked for."""
     from benchmarks import quality_retrieval as retrieval
 
     tokenizer = ChatByteTokenizer()
@@ -362,7 +363,9 @@ def test_a_multi_key_prompt_holds_every_lock_and_asks_one(index):
     assert len(set(prompt.keys)) == retrieval.MULTI_KEYS and prompt.asked == index % retrieval.MULTI_KEYS
     assert text.endswith(retrieval.lock_question(retrieval.LOCKS[prompt.asked]))
     assert 1900 <= len(prompt.ids) <= 2100
-    assert retrieval.multi_key_prompt(tokenizer, 2000, index + 1).depths != prompt.depths
+    asked_depths = {retrieval.multi_key_prompt(tokenizer, 2000, i).depths[i % retrieval.MULTI_KEYS] for i in range(4)}
+    assert len(asked_depths) == retrieval.MULTI_KEYS  # the asked key at every place in turn
+    assert retrieval.multi_key_prompt(tokenizer, 2000, index + 4).depths != prompt.depths
 
 
 def test_the_second_turn_holds_the_first_its_reply_and_the_question_again():
