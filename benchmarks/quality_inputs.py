@@ -49,13 +49,24 @@ def pass_key_prompt(tokenizer, key: str, length: int, depth: float, seed: int) -
 
 def pass_key_messages(tokenizer, key: str, length: int, depth: float, seed: int) -> list[dict]:
     """pass_key_prompt's conversation: its one user message."""
-    needle = f" {pass_key_sentence(key)} "
+    return needle_messages(tokenizer, INSTRUCTION, {depth: f" {pass_key_sentence(key)} "}, QUESTION, length, seed)
+
+
+def needle_messages(tokenizer, instruction: str, needles: dict[float, str], question: str, length: int,
+                    seed: int) -> list[dict]:
+    """One user message of about `length` tokens: the instruction, natural text with each needle at
+    its depth (0..1) of it, the question."""
     overhead = len(tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"{INSTRUCTION}\n\n{needle}\n\n{QUESTION}"}], add_generation_prompt=True))
+        [{"role": "user", "content": f"{instruction}\n\n{''.join(needles.values())}\n\n{question}"}],
+        add_generation_prompt=True))
     filler = filler_ids(tokenizer, max(16, length - overhead), offset=seed * 7919)
-    cut = int(depth * len(filler))
-    text = tokenizer.decode(filler[:cut]) + needle + tokenizer.decode(filler[cut:])
-    return [{"role": "user", "content": f"{INSTRUCTION}\n\n{text}\n\n{QUESTION}"}]
+    pieces, start = [], 0
+    for depth in sorted(needles):
+        cut = int(depth * len(filler))
+        pieces += [tokenizer.decode(filler[start:cut]), needles[depth]]
+        start = cut
+    pieces.append(tokenizer.decode(filler[start:]))
+    return [{"role": "user", "content": f"{instruction}\n\n{''.join(pieces)}\n\n{question}"}]
 
 
 def keys(count: int, seed: int) -> list[str]:

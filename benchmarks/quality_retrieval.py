@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .quality_inputs import filler_ids, keys, pass_key_messages
+from .quality_inputs import keys, needle_messages, pass_key_messages
 
 MULTI_KEYS = 4
 LOCKS = ("the red door", "the blue gate", "the green safe", "the white locker")
@@ -59,19 +59,8 @@ def multi_key_prompt(tokenizer, length: int, index: int) -> MultiKeyPrompt:
     spread = [(0.5 + slot) / MULTI_KEYS for slot in range(MULTI_KEYS)]
     depths = tuple(spread[(lock + index // MULTI_KEYS) % MULTI_KEYS] for lock in range(MULTI_KEYS))
     asked = index % MULTI_KEYS
-    question = lock_question(LOCKS[asked])
-    needles = {lock: f" {lock_sentence(LOCKS[lock], lock_keys[lock])} " for lock in range(MULTI_KEYS)}
-    overhead = len(tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"{MULTI_INSTRUCTION}\n\n{''.join(needles.values())}\n\n{question}"}],
-        add_generation_prompt=True))
-    filler = filler_ids(tokenizer, max(16, length - overhead), offset=(index + 1) * 7919)
-    cuts = sorted((int(depths[lock] * len(filler)), lock) for lock in range(MULTI_KEYS))
-    pieces, start = [], 0
-    for cut, lock in cuts:
-        pieces += [tokenizer.decode(filler[start:cut]), needles[lock]]
-        start = cut
-    pieces.append(tokenizer.decode(filler[start:]))
-    messages = [{"role": "user", "content": f"{MULTI_INSTRUCTION}\n\n{''.join(pieces)}\n\n{question}"}]
+    needles = {depths[lock]: f" {lock_sentence(LOCKS[lock], lock_keys[lock])} " for lock in range(MULTI_KEYS)}
+    messages = needle_messages(tokenizer, MULTI_INSTRUCTION, needles, lock_question(LOCKS[asked]), length, index + 1)
     return MultiKeyPrompt(length, lock_keys, depths, asked,
                           tuple(tokenizer.apply_chat_template(messages, add_generation_prompt=True)))
 

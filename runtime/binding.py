@@ -71,7 +71,7 @@ class InPlaceStep:
         # A plan's binding keeps, between runs, the last step's feeds and outputs: each is bound again
         # before the next run (every input not fixed is fed: checked above), none is read before.
         binding = self.session.io_binding() if plan is None else plan.binding
-        values = dict(fixed)
+        values = {}  # the feeds' OrtValues (a plan's fixed ones live in the cache)
         for name, value in feeds.items():
             if not isinstance(value, ort.OrtValue):
                 value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
