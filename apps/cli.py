@@ -110,12 +110,18 @@ def chat(args, read_line=input, write=sys.stdout.write) -> int:
                  reply.usage.reused_tokens)
 
 
+# What pyproject.toml's serve extra installs, and the packages they bring (apps/serve/ imports them).
+SERVE_EXTRA_MODULES = frozenset({"fastapi", "uvicorn", "prometheus_client", "starlette", "pydantic", "anyio"})
+
+
 def serve(args) -> int:
     if args.replicas > 1:
         return serve_replicas(args)
     try:
         from .serve import serve as run_server
     except ModuleNotFoundError as error:  # a wheel installed without its serve extra
+        if (error.name or "").partition(".")[0] not in SERVE_EXTRA_MODULES:
+            raise  # not the extra: a real fault, with its traceback
         log.error("quest-ort serve needs the serve extra (%s is not installed): pip install 'quest-ort[serve]'",
                   error.name)
         return 2

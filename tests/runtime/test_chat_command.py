@@ -1,10 +1,12 @@
 """`quest-ort chat`: replies streamed to stdout, speed and context on stderr, /reset and /exit, and a
-folder without a tokenizer refused with one line."""
+folder without a tokenizer refused with one line; `quest-ort serve` without its extra names the extra."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 
 from support.export_models import quest_export, text_export
 
@@ -42,3 +44,30 @@ def test_prefill_sparse_answers_and_an_unknown_mode_is_refused_by_the_parser():
     assert "tokens/s" in done.stderr
     refused = chat(text_export(), "Hi\n", "--prefill", "dense")
     assert refused.returncode == 2 and "invalid choice: 'dense'" in refused.stderr
+
+
+@pytest.mark.parametrize("missing, names_the_extra", [("fastapi", True), ("prometheus_client", True),
+                                                      ("numpy", False)])
+def test_serve_without_its_extra_names_it_and_other_faults_keep_their_traceback(monkeypatch, caplog, missing,
+                                                                               names_the_extra):
+    """A module the serve extra brings, missing: one line naming the extra, exit code 2. Any other missing module
+    (numpy: a dependency of the package itself) is a fault of its own and is raised as it is."""
+    from quest_ort.apps import cli
+
+    monkeypatch.delitem(sys.modules, "quest_ort.apps.serve", raising=False)
+    monkeypatch.delitem(sys.modules, "quest_ort.apps.serve.server", raising=False)
+    real_import = __import__
+
+    def failing_import(name, *args, **kwargs):
+        if name == missing or name.startswith(missing + "."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.__import__", failing_import)
+    args = cli.build_parser().parse_args(["serve", str(text_export()), "--port", "1"])
+    if names_the_extra:
+        assert cli.serve(args) == 2
+        assert "pip install 'quest-ort[serve]'" in caplog.text and missing in caplog.text
+    else:
+        with pytest.raises(ModuleNotFoundError):
+            cli.serve(args)

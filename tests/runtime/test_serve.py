@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -23,7 +22,7 @@ from quest_ort.runtime.chat import TextGenerator  # noqa: E402
 from quest_ort.runtime.model import QuestModel  # noqa: E402
 from support.export_models import text_export  # noqa: E402
 from support.openai_server import (NAME, QUESTIONS, ask, client, expected_reply, free_port, get,  # noqa: E402
-                                   replies_at_once, text_model)
+                                   replies_at_once, serve_process, text_model)
 
 
 
@@ -420,19 +419,5 @@ def test_the_serve_command_answers_the_openai_client():
     port = free_port()
     command = [sys.executable, "-m", "quest_ort.apps.cli", "serve", str(text_export()), "--port", str(port),
                "--name", NAME, "--threads", "1", "--quiet"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, process.communicate()[1]
-            try:
-                if get(f"{url}/health")["status"] == "ok":
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "quest-ort serve did not come up"
-                time.sleep(0.2)
+    with serve_process(command, port) as url:
         assert ask(url, QUESTIONS[0]).choices[0].message.content == expected_reply(QUESTIONS[0], 12)
-    finally:
-        process.terminate()
-        process.wait(30)

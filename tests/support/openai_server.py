@@ -3,10 +3,13 @@ asking a server on 127.0.0.1 (tests/runtime/test_serve.py, test_replicas.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import socket
+import subprocess
 import threading
+import time
 import urllib.request
 
 from quest_ort.runtime.chat import TextGenerator
@@ -70,3 +73,25 @@ def replies_at_once(url: str, questions: list[str], max_tokens: int) -> dict[str
     for thread in threads:
         thread.join(120)
     return results
+
+
+@contextlib.contextmanager
+def serve_process(command: list[str], port: int, timeout: float = 60):
+    """`command` (a `quest-ort serve ... --port port`) in a process of its own, up once /health says ok;
+    yields its base URL and stops it at the end."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert process.poll() is None, process.communicate()[1]
+            try:
+                if get(f"{url}/health")["status"] == "ok":
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "quest-ort serve did not come up"
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
