@@ -32,8 +32,14 @@ struct Lanes {
   static Lanes broadcast(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
   static Lanes load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
   static Lanes load(const Half* p) {
-    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+    __m256 low = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    __m256 high = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+#if defined(__clang__)
+    // Clang turns a compare of widened float16 vectors into a float16 compare it runs lane by lane
+    // (lanes_avx512.h, load): an empty asm hides the widening; no instruction, the same bits.
+    __asm__("" : "+x"(low), "+x"(high));
+#endif
+    return {low, high};
   }
   // Sixteen int8 values widened exactly (sign-extended, then converted).
   static Lanes load(const int8_t* p) {

@@ -25,7 +25,16 @@ struct Lanes {
   static Lanes zero() { return {_mm512_setzero_ps()}; }
   static Lanes broadcast(float x) { return {_mm512_set1_ps(x)}; }
   static Lanes load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  static Lanes load(const Half* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+  static Lanes load(const Half* p) {
+    __m512 widened = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#if defined(__clang__)
+    // Clang turns a compare of two widened float16 vectors (the select's max >= min) into a float16
+    // compare, which without AVX512-FP16 it runs lane by lane: the wheels' (zig) float16 select was
+    // 5x slower. An empty asm hides the widening from it; no instruction, the same bits.
+    __asm__("" : "+v"(widened));
+#endif
+    return {widened};
+  }
   // Sixteen int8 values widened exactly (sign-extended, then converted).
   static Lanes load(const int8_t* p) {
     return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
