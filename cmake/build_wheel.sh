@@ -23,7 +23,8 @@ PATH=$venv/bin:$PATH "$venv/bin/auditwheel" show "$raw"/*.whl 2>&1 | grep -v '^I
 wheel=$(cd "$repo/dist" && ls -- *-py3-none-*"_$arch.whl")
 library=$(mktemp)
 trap 'rm -f "$library"' EXIT
-unzip -p "$repo/dist/$wheel" quest_ort/ops/libquest_ort_ops.so > "$library"
+"$venv/bin/python" -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
+  "$repo/dist/$wheel" quest_ort/ops/libquest_ort_ops.so > "$library"
 newest=$(objdump -T "$library" | grep -o 'GLIBC_2\.[0-9]*' | sort -uV | tail -1)
 exported=$(nm -D --defined-only "$library" | awk '{print $3}' | tr '\n' ' ')
 size=$(stat -c %s "$repo/dist/$wheel")
