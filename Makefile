@@ -76,15 +76,17 @@ SERVE_VENV := build/wheel-serve-venv
 WHEEL_ARM64 := build/wheel-arm64
 WHEEL_TESTS := $(abspath tests/layout/test_installed_wheel.py) $(abspath tests/ops/test_conformance.py)
 ARM64_ROOT := build/arm64/root
+# The suite in the x86_64 wheel's venv, QUEST_ORT_WHEEL_SITE its site-packages (run from /).
+WHEEL_PYTHON = $(abspath $(WHEEL_VENV))/bin/python
+WHEEL_VENV_SUITE = QUEST_ORT_WHEEL_SITE=$$($(WHEEL_PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['platlib'])") \
+	  $(WHEEL_PYTHON) -m pytest -q -p no:cacheprovider $(WHEEL_TESTS)
 ARM64_PLATFORMS := $(foreach minor,17 24 26 27 28,--platform manylinux_2_$(minor)_aarch64) --platform manylinux2014_aarch64
 test-wheel: wheel install $(CROSS_TOOLS)
 	$(PYTHON) -m venv --clear $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/pip install -q dist/*_x86_64.whl "pytest>=8" "hypothesis>=6"
-	cd / && QUEST_ORT_WHEEL_SITE=$$($(abspath $(WHEEL_VENV))/bin/python -c "import sysconfig; print(sysconfig.get_paths()['platlib'])") \
-	  $(abspath $(WHEEL_VENV))/bin/python -m pytest -q -p no:cacheprovider $(WHEEL_TESTS)
+	cd / && $(WHEEL_VENV_SUITE)
 	$(WHEEL_VENV)/bin/pip install -q "onnxruntime==1.21.1"
-	cd / && QUEST_ORT_WHEEL_SITE=$$($(abspath $(WHEEL_VENV))/bin/python -c "import sysconfig; print(sysconfig.get_paths()['platlib'])") \
-	  QUEST_ORT_WHEEL_ORT=1.21.1 $(abspath $(WHEEL_VENV))/bin/python -m pytest -q -p no:cacheprovider $(WHEEL_TESTS)
+	cd / && QUEST_ORT_WHEEL_ORT=1.21.1 $(WHEEL_VENV_SUITE)
 	$(PYTHON) -m venv --clear $(SERVE_VENV)
 	$(SERVE_VENV)/bin/pip install -q "$$(ls dist/*_x86_64.whl)[serve]"
 	QUEST_ORT_SERVE_VENV=$(abspath $(SERVE_VENV)) QUEST_ORT_WHEEL_VENV=$(abspath $(WHEEL_VENV)) \

@@ -55,7 +55,8 @@ def test_serve_without_its_extra_names_it_and_other_faults_keep_their_traceback(
     from quest_ort.apps import cli
 
     # The serve package afresh (its modules run their imports again), whatever imported it before.
-    for name in [name for name in sys.modules if name == "quest_ort.apps.serve" or name.startswith("quest_ort.apps.serve.")]:
+    package = "quest_ort.apps.serve"
+    for name in [name for name in sys.modules if name == package or name.startswith(package + ".")]:
         monkeypatch.delitem(sys.modules, name)
     real_import = __import__
 

@@ -18,7 +18,7 @@ import pytest
 from quest_ort.runtime.chat import TextGenerator
 from support.export_models import text_export
 from support.openai_server import (NAME, QUESTIONS, ask, client, expected_reply, free_port, get, replies_at_once,
-                                   text_model)
+                                   text_model, wait_until_healthy)
 
 pytestmark = pytest.mark.replicas
 
@@ -57,15 +57,7 @@ def replicas():
                                start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            assert process.poll() is None, f"quest-ort serve --replicas exited:\n{process.communicate()[1]}"
-            try:
-                if get(f"{url}/health")["status"] == "ok":
-                    break
-            except OSError:  # not listening yet, or the proxy's 503 while the replicas start
-                assert time.monotonic() < deadline, "quest-ort serve --replicas did not come up"
-                time.sleep(0.5)
+        wait_until_healthy(process, url, START_TIMEOUT, "quest-ort serve --replicas", pause=0.5)
         yield url, process
     finally:
         process.send_signal(signal.SIGTERM)

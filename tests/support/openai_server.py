@@ -75,6 +75,20 @@ def replies_at_once(url: str, questions: list[str], max_tokens: int) -> dict[str
     return results
 
 
+def wait_until_healthy(process: subprocess.Popen, url: str, timeout: float, what: str = "quest-ort serve",
+                       pause: float = 0.2) -> None:
+    """Returns once `url`/health says ok; fails when `process` exits first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, f"{what} exited:\n{process.communicate()[1]}"
+        try:
+            if get(f"{url}/health")["status"] == "ok":
+                return
+        except OSError:  # not listening yet (or, behind a proxy, its 503 while the replicas start)
+            assert time.monotonic() < deadline, f"{what} did not come up"
+            time.sleep(pause)
+
+
 @contextlib.contextmanager
 def serve_process(command: list[str], port: int, timeout: float = 60):
     """`command` (a `quest-ort serve ... --port port`) in a process of its own, up once /health says ok;
@@ -82,15 +96,7 @@ def serve_process(command: list[str], port: int, timeout: float = 60):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert process.poll() is None, process.communicate()[1]
-            try:
-                if get(f"{url}/health")["status"] == "ok":
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "quest-ort serve did not come up"
-                time.sleep(0.2)
+        wait_until_healthy(process, url, timeout)
         yield url
     finally:
         process.terminate()
