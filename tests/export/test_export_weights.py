@@ -17,7 +17,6 @@ import json
 import pathlib
 import re
 import shutil
-import tempfile
 
 import numpy as np
 import onnx
@@ -36,10 +35,11 @@ from quest_ort.ops.schemas import DOMAIN
 from quest_ort.runtime.generate import Generator, Sampling, greedy
 from quest_ort.runtime.model import QuestModel
 from support.export_models import TINY, tiny_model
+from support.scratch import run_folder
 
 GRAPH, SIDECAR = "model.quest.onnx", "quest_model.json"
 QUANTIZED = tuple(WEIGHT_BITS)
-_ROOT = pathlib.Path(tempfile.mkdtemp(prefix="quest-weights-tests-"))
+_ROOT = run_folder("quest-weights-tests-")
 # The default Qwen3 has 8 layers of 7 projections (q, k, v, o, gate, up, down) and an untied LM head.
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import pathlib
 import shutil
-import tempfile
 
 import numpy as np
 import onnx
@@ -17,6 +16,7 @@ from quest_ort.export.rewrite import SparseSettings
 from quest_ort.export.steps import optimum_export
 from quest_ort.runtime.model import QuestModel
 from support.export_models import tiny_model
+from support.scratch import run_folder
 
 
 def test_factors_are_powers_of_two_shared_by_rotary_pairs():
@@ -66,7 +66,7 @@ def _outlier_checkpoint() -> pathlib.Path:
     import torch
     import transformers
 
-    folder = pathlib.Path(tempfile.mkdtemp(prefix="quest-key-outlier-"))
+    folder = run_folder("quest-key-outlier-")
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model("qwen2").checkpoint, dtype=torch.float32)
     with torch.no_grad():
         for layer in model.model.layers:

@@ -8,7 +8,6 @@ import json
 import math
 import pathlib
 import shutil
-import tempfile
 import warnings
 
 import numpy as np
@@ -20,6 +19,7 @@ from quest_ort.model_folder.safety import UnsafeModelError, check_external_data
 from quest_ort.runtime.generate import Generator, Sampling
 from quest_ort.runtime.model import OlderExportWarning, QuestModel
 from support.export_models import quest_export, tiny_model
+from support.scratch import run_folder
 
 SIDECAR = "quest_model.json"
 GRAPH = "model.quest.onnx"
@@ -34,7 +34,7 @@ def _portable_export() -> pathlib.Path:
     from quest_ort.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
 
-    output = pathlib.Path(tempfile.mkdtemp(prefix="quest-portable-")) / "model"
+    output = run_folder("quest-portable-") / "model"
     settings = SparseSettings(top_k=4, block_size=16, dense_layers=(0,), kv_dtype="float32", portable=True,
                               importance_fraction=0.5)
     export_sparse("qwen3", output=output, settings=settings, model=str(tiny_model("qwen3").checkpoint), capacity=512,

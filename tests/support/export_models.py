@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pathlib
-import tempfile
 
 import numpy as np
 
@@ -16,6 +15,8 @@ from quest_ort.export.families import FAMILIES, build_default_model
 from quest_ort.pipeline import export_sparse
 from quest_ort.export.steps import optimum_export
 from quest_ort.export.rewrite import SparseSettings
+
+from .scratch import run_folder
 
 # Small enough to export in a second; odd head grouping on the Llama side (G = 3) and the Qwen2
 # side (G = 7 on a single KV head, Qwen2.5-0.5B's 14 on 2 scaled down).
@@ -27,7 +28,7 @@ TINY = {
     "qwen2": dict(vocab_size=256, hidden_size=112, intermediate_size=128, num_hidden_layers=3,
                   num_attention_heads=7, num_key_value_heads=1),  # head_dim = 112 / 7 = 16
 }
-_ROOT = pathlib.Path(tempfile.mkdtemp(prefix="quest-export-tests-"))
+_ROOT = run_folder("quest-export-tests-")
 
 
 @dataclasses.dataclass(frozen=True)
