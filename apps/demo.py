@@ -36,7 +36,7 @@ TOP_K = 32  # the design card's --k
 def _export(family: str, attention: str, folder: pathlib.Path, model: str | None, capacity: int) -> None:
     source = f" --model {model}" if model else ""
     print(f"\n== export-sparse {family}{source} --k {TOP_K}" + (" --attention gqa" if attention == "gqa" else ""))
-    settings = SparseSettings(top_k=TOP_K, attention=attention)
+    settings = SparseSettings.for_budget(TOP_K, attention=attention)
     export_sparse(family, output=folder, settings=settings, model=model, capacity=capacity, overwrite=True)
 
 
@@ -45,7 +45,7 @@ def _describe(model: QuestModel) -> None:
     print(f"\nkernels: {native_kernel_isa()}; {s.geometry.num_layers} layers (sparse {len(s.sparse_layers)}, dense "
           f"{list(s.settings.dense_layers)}), H={s.geometry.num_heads} N={s.geometry.kv_num_heads} D={s.geometry.head_dim}; blocks of P={s.settings.block_size} "
           f"tokens, K={s.settings.top_k} per {'query head' if s.settings.group_reduce == 'none' else 'KV head'} "
-          f"({s.settings.top_k * s.settings.block_size} tokens), sink {s.settings.sink_blocks} and recent {s.settings.recent_blocks} blocks, "
+          f"({s.settings.budget_tokens} tokens), sink {s.settings.sink_blocks} and recent {s.settings.recent_blocks} blocks, "
           f"{s.bounds_dtype} bounds")
 
 
@@ -93,7 +93,7 @@ def smollm2_demo(context: int, threads: int | None) -> bool:
     key = "68417"
     prompt = pass_key_prompt(tokenizer, key, context)
     print(f"\n1) SmolLM2-135M-Instruct, pass key {key} at half depth of a {len(prompt)}-token chat prompt "
-          f"(the budget is {quest.sidecar.settings.top_k * quest.sidecar.settings.block_size} tokens)")
+          f"(the budget is {quest.sidecar.settings.budget_tokens} tokens)")
     sampling = Sampling(max_new_tokens=24, stop_tokens=tuple(quest.sidecar.eos_token_ids))
     comparison = compare(quest, dense, [prompt], sampling)
     sparse_prefill = timed_generation(quest, [prompt], sampling, prefill="sparse")

@@ -14,7 +14,7 @@ import sys
 from ..export.families import FAMILIES
 from ..export.genai_variant import GENAI_CONFIG_FILE, GENAI_MODEL_FILE
 from ..export.rewrite import ExportError, SparseSettings
-from ..model_folder.settings import WEIGHT_TYPES, attribute_range_problem
+from ..model_folder.settings import BUDGET_PAGE_TOKENS, WEIGHT_TYPES, attribute_range_problem
 from ..ops.schemas import INT32_MAX, SPARSE_BLOCK_SELECT
 from .console import add_logging_flags, configure_logging
 
@@ -72,8 +72,11 @@ def parser() -> argparse.ArgumentParser:
                    help="model family (decides the default model and which rewrite rules apply)")
     p.add_argument("--model", help="local Hugging Face folder, a .gguf file, or a hub id (needs a network); "
                    "default: a small model of the family with deterministic random weights")
-    p.add_argument("--k", type=_setting("top_k"), required=True, help="selection budget in blocks (top_k): per query head with --group-reduce none (the "
-                   "default), per KV head otherwise")
+    p.add_argument("--k", type=_setting("top_k"), required=True,
+                   help=f"selection budget in pages of {BUDGET_PAGE_TOKENS} tokens: each selection reads "
+                   f"{BUDGET_PAGE_TOKENS}*K tokens (--k 32: 1024), as ceil({BUDGET_PAGE_TOKENS}*K/P) blocks of "
+                   "--block-size P, its sink and recent blocks included; per query head with --group-reduce none "
+                   "(the default), per KV head otherwise")
     p.add_argument("--block-size", type=_setting("block_size"), default=_DEFAULT.block_size,
                    help=f"tokens per metadata block P (default {_DEFAULT.block_size})")
     p.add_argument("--sink", type=_setting("sink_blocks"), default=_DEFAULT.sink_blocks,
@@ -156,8 +159,8 @@ def main(argv=None) -> int:
         return 1
 
     try:  # the settings' own checks (a prefill chunk's forced blocks past --prefill-top-k, ...)
-        settings = SparseSettings(
-            top_k=args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,
+        settings = SparseSettings.for_budget(
+            args.k, block_size=args.block_size, sink_blocks=args.sink, recent_blocks=args.recent,
             group_reduce=args.group_reduce, importance_fraction=args.importance_fraction,
             dense_layers=args.dense_layers, kv_dtype=args.kv_dtype, bounds_dtype=args.bounds_dtype,
             attention=args.attention, score=args.score, num_probes=args.num_probes, portable=args.portable,

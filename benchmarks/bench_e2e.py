@@ -73,7 +73,7 @@ def ensure_models() -> dict[str, pathlib.Path]:
         if kind == "gqa-int8":
             folders[kind] = folders["gqa-float16"]
             continue
-        settings = SparseSettings(top_k=32, kv_dtype=kv_dtype, attention=attention, weights=WEIGHTS)
+        settings = SparseSettings.for_budget(32, kv_dtype=kv_dtype, attention=attention, weights=WEIGHTS)
         # (named by what it exports, so an export of other defaults is not reused)
         bounds = default_bounds_dtype(kv_dtype, settings.score)
         name = "gqa" if attention == "gqa" else (f"quest-k{settings.top_k}-p{settings.block_size}-{settings.group_reduce}"

@@ -130,7 +130,7 @@ def ensure_export(gguf: pathlib.Path) -> pathlib.Path:
         if sidecar.capacity >= CAPACITY and sidecar.prefill_problem("sparse") is None:
             return folder
     print("exporting Qwen2.5-Coder-0.5B (int4 weights, int8 caches) ...", flush=True)
-    export_sparse("qwen2", output=folder, settings=SparseSettings(top_k=32, kv_dtype="int8", weights="int4"),
+    export_sparse("qwen2", output=folder, settings=SparseSettings.for_budget(32, kv_dtype="int8", weights="int4"),
                   model=str(gguf), capacity=CAPACITY, overwrite=True)
     return folder
 

@@ -1,7 +1,7 @@
 """`make bench`: the op kernels against ONNX Runtime's GroupQueryAttention (float32 and its int8 KV
 cache) and the machine's bandwidth.
 
-The sparse settings measured are the export's defaults (`SparseSettings(top_k=32)`: what
+The sparse settings measured are the export's defaults (`SparseSettings.for_budget(32)`: what
 `export-sparse <family> --k 32` writes) and, for reference, the earlier default: blocks of 32 tokens
 and one selection per KV head. Every call reads cold data: each measurement rotates among enough
 copies of its buffers to exceed the last-level cache. Caches are bound in place (IOBinding), GQA
@@ -65,7 +65,7 @@ class Setting:
     @classmethod
     def export_default(cls) -> "Setting":
         """What `export-sparse --k 32` writes, with float caches and with `--kv-dtype int8`."""
-        default = SparseSettings(top_k=32)
+        default = SparseSettings.for_budget(32)
         return cls("default", default.block_size, default.top_k, default.group_reduce,
                    default_bounds_dtype("float32", default.score), default_bounds_dtype("int8", default.score))
 

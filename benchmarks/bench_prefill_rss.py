@@ -32,7 +32,7 @@ def ensure_models() -> tuple[pathlib.Path, pathlib.Path]:
 
     quest, optimum = MODELS / "smollm2-quest-k32", MODELS / "smollm2-optimum"
     if not (quest / "quest_model.json").is_file():
-        export_sparse("llama", output=quest, settings=SparseSettings(top_k=32), model=str(checkpoint("smollm2")),
+        export_sparse("llama", output=quest, settings=SparseSettings.for_budget(32), model=str(checkpoint("smollm2")),
                       overwrite=True)
     if not (optimum / "model.onnx").is_file():
         optimum_export(checkpoint("smollm2"), optimum)

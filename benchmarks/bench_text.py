@@ -56,7 +56,7 @@ def ensure_folder() -> pathlib.Path:
     from quest_ort.export.weights import checkpoint
 
     if not (FOLDER / "quest_model.json").is_file():
-        export_sparse("llama", output=FOLDER, settings=SparseSettings(top_k=32), model=str(checkpoint("smollm2")),
+        export_sparse("llama", output=FOLDER, settings=SparseSettings.for_budget(32), model=str(checkpoint("smollm2")),
                       capacity=4096, overwrite=True)
     return FOLDER
 

@@ -1,7 +1,7 @@
 """`make eval-prefill`: what a sparse prefill keeps, through the runtime users run: pass keys and the perplexity of a continuation, exact against sparse prefill; writes docs/quality_prefill.json.
 
 Checkpoints: SmolLM2-135M-Instruct and Qwen2.5-Coder-0.5B-Instruct (export/weights.py), each exported
-with the default settings (`SparseSettings(top_k=32)`, the real export_sparse) at a capacity that holds
+with the default settings (`SparseSettings.for_budget(32)`, the real export_sparse) at a capacity that holds
 its longest prompt.
 
 Pass key. Every prompt goes through `Generator(model).generate(prompt, 12 tokens)` with the default
@@ -63,7 +63,7 @@ def export_default(name: str, capacity: int, reuse: bool) -> pathlib.Path:
     from quest_ort.model_folder.folder_check import check_sidecar_against_graph
     from quest_ort.model_folder.sidecar import SIDECAR_NAME, ModelFolderError, Sidecar
 
-    settings = SparseSettings(top_k=32)
+    settings = SparseSettings.for_budget(32)
     folder = WORK / name
     if reuse and (folder / "quest_model.json").is_file():
         try:  # the sidecar as this code reads it, and the graph it describes (the defaults may have moved)

@@ -24,11 +24,25 @@ CHUNK_SETTINGS = ("chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "c
 # into com.microsoft.MatMulNBits nodes of these bits (export/quantize.py).
 WEIGHT_BITS = {"int8": 8, "int4": 4}
 WEIGHT_TYPES = ("float", *WEIGHT_BITS)
+# What `export-sparse --k K` counts: pages of this many tokens. Each selection reads K pages' worth
+# of tokens (`--k 32`: 1024), scored in blocks of block_size (top_k = ceil(K * 32 / P) blocks, 128 at
+# the default P=8). A budget in tokens, not blocks, because quality follows the tokens read and the
+# scoring block size is a separate choice: at P=8 a 256-token budget keeps the pass keys but not the
+# text (+6.9% / +9.0% perplexity on SmolLM2), 1024 tokens keeps both (+0.6% / +1.0%), docs/quality.md.
+BUDGET_PAGE_TOKENS = 32
 
 
 def attribute_range_problem(name: str, value) -> str | None:
     """Why `value` is out of range for SparseBlockSelect's attribute `name`, or None."""
     return SPARSE_BLOCK_SELECT.attribute(name).range_problem(value)
+
+
+def top_k_for_budget(k: int, block_size: int) -> int:
+    """SparseBlockSelect's top_k for `export-sparse --k k`: the fewest blocks of block_size tokens
+    holding k pages of BUDGET_PAGE_TOKENS tokens."""
+    if k < 1 or block_size < 1:
+        raise ValueError(f"--k and the block size must be at least 1, got k = {k}, block size = {block_size}")
+    return -(-k * BUDGET_PAGE_TOKENS // block_size)
 
 
 def default_bounds_dtype(kv_dtype: str, score: str = "bound") -> str:
@@ -40,7 +54,7 @@ def default_bounds_dtype(kv_dtype: str, score: str = "bound") -> str:
 
 @dataclasses.dataclass(frozen=True)
 class SparseSettings:
-    top_k: int
+    top_k: int  # SparseBlockSelect's budget in blocks (`export-sparse --k` counts pages: for_budget)
     # The defaults keep the answers (docs/quality.md, measured through Generator on SmolLM2):
     # blocks of 8 tokens, every query head selecting its own K of them.
     block_size: int = 8
@@ -99,6 +113,18 @@ class SparseSettings:
                              "(attention 'gqa') takes float caches here")
         if self.kv_dtype == "int8" and self.score == "probe":
             raise ValueError("score='probe' reads a float key cache; with kv_dtype 'int8' select by the bound")
+
+    @classmethod
+    def for_budget(cls, k: int, **settings) -> SparseSettings:
+        """What `export-sparse --k k` writes with the other options as `settings`: top_k from the
+        budget in pages at the settings' block size (top_k_for_budget)."""
+        block_size = settings.get("block_size", cls.__dataclass_fields__["block_size"].default)
+        return cls(top_k=top_k_for_budget(k, block_size), **settings)
+
+    @property
+    def budget_tokens(self) -> int:
+        """Tokens one selection reads, its forced blocks included."""
+        return self.top_k * self.block_size
 
     @property
     def importance(self) -> bool:

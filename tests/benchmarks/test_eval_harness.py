@@ -401,3 +401,26 @@ def test_harder_retrieval_runs_through_generator_and_its_table_counts(suite, mon
         r["confused"] = not r["hit"]
     table = retrieval.retrieval_table(dict(harder_retrieval=harder))
     assert "| multi-key | 560 | 2 of 2 | 1 of 2 | 1 | 1 |" in table
+
+
+def test_default_check_runs_every_prompt_on_both_models_and_its_table_counts_what_dense_retrieves(suite, monkeypatch):
+    """--only-default: each pass-key prompt through both Generators, both perplexity measures for
+    each; the table's lost keys are those dense retrieves and the default does not."""
+    monkeypatch.setattr(suite, "tokenizer", ChatByteTokenizer())
+    monkeypatch.setattr(eval_quality, "ANSWER_TOKENS", 4)
+    monkeypatch.setattr(eval_quality, "natural_text", lambda: "The sky is blue and the grass is green. " * 20)
+    plan = eval_quality.Plan({300: 2}, depths=(0.25, 0.75), perplexity_tokens=256, continuation_from=128)
+    check = eval_quality.run_default_check(suite, plan, eval_quality.Clock())
+    rows = check["pass_key"]
+    assert len(rows) == 2 * 2 * 2  # (2 depths x 2 keys) x (default, dense)
+    assert {(r["model"], r["depth"]) for r in rows} == {(m, d) for m in ("default", "dense") for d in (0.25, 0.75)}
+    assert check["default"] == suite.default_config.name and check["settings"]["top_k"] == SETTINGS.top_k
+    assert sorted((r["config"], r["measure"]) for r in check["perplexity"]) == sorted(
+        (c, m) for c in ("dense", suite.default_config.name) for m in quality_report.MEASURES)
+    # a made-up outcome: dense retrieves three keys, the default two of them and the fourth
+    for index, r in enumerate(sorted(rows, key=lambda r: (r["depth"], r["key"], r["model"]))):
+        prompt, model = divmod(index, 2)
+        r["hit"] = prompt < 3 if r["model"] == "dense" else prompt in (0, 1, 3)
+    table = "\n".join(quality_report.default_check_table(dict(default_check=check)))
+    assert "| 300 | 4 | 3 | 2 (all: 3) | **1** |" in table
+    assert f"K={SETTINGS.top_k}" in table

@@ -297,7 +297,7 @@ def test_checker_refuses_broken_contrib_and_quest_nodes(case, tmp_path):
 # --- make test-genai: the builder's own models ---------------------------------------------------
 
 GENAI_FAMILIES = ("llama", "qwen2", "qwen3")  # what `make test-genai` builds (tests/export/genai_builder_model.py)
-PROMPT_TOKENS, NEW_TOKENS = 100, 32  # 132 tokens: inside --k 32's 256-token budget
+PROMPT_TOKENS, NEW_TOKENS = 100, 32  # 132 tokens: inside --k 32's 1024-token budget (the sparse path exact)
 
 
 def genai_generator_greedy(folder: pathlib.Path, prompt: list[int], steps: int) -> list[int]:

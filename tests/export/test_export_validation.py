@@ -1,6 +1,7 @@
-"""export-sparse's option ranges and its validation: an out-of-range value is an argparse error before
-any work; every legal budget validates, and the validation covers the sparse decode steps the budget
-covers, not only an exact prefill."""
+"""export-sparse's option ranges, what --k counts, and its validation: an out-of-range value is an
+argparse error before any work; --k is a budget in 32-token pages whatever the block size; every legal
+budget validates, and the validation covers the sparse decode steps the budget covers, not only an
+exact prefill."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 from quest_ort.apps import export_cli as cli
 from quest_ort.pipeline import export_sparse
 from quest_ort.export.rewrite import ExportError, SparseSettings
+from quest_ort.model_folder.settings import top_k_for_budget
+from quest_ort.model_folder.sidecar import Sidecar
 from quest_ort.pipeline.validate import plan
 from support.export_models import tiny_model
 
@@ -44,15 +47,34 @@ def test_sparse_settings_refuse_what_the_ops_would(name, value):
         SparseSettings(**{"top_k": 4, name: value})
 
 
-@pytest.mark.parametrize("k, block_size, reduce", [(4, 4, "none"), (1, 1, "none"), (2, 8, "mean")])
-def test_small_budgets_validate(k, block_size, reduce, tmp_path, capsys):
-    """export-sparse qwen3 --k 4 --block-size 4 (a 16-token budget) and smaller: the validation runs
-    prompts the budget covers (exact) and a longer one (its sparse steps only finite), and passes."""
+@pytest.mark.parametrize("k, block_size, top_k", [
+    (32, 8, 128),  # the design card's --k 32 at the default block size: 1024 tokens
+    (32, 32, 32), (4, 8, 16), (1, 1, 32), (1, 32, 1),
+    (3, 64, 2), (5, 12, 14),  # pages that fill no whole block: rounded up to whole blocks
+])
+def test_k_counts_pages_of_32_tokens_whatever_the_block_size(k, block_size, top_k):
+    assert top_k_for_budget(k, block_size) == top_k
+    settings = SparseSettings.for_budget(k, block_size=block_size)
+    assert (settings.top_k, settings.block_size, settings.budget_tokens) == (top_k, block_size, top_k * block_size)
+    assert settings.budget_tokens >= 32 * k > settings.budget_tokens - block_size
+
+
+def test_for_budget_takes_the_default_block_size():
+    assert SparseSettings.for_budget(32) == SparseSettings(top_k=32 * 32 // SparseSettings(top_k=1).block_size)
+
+
+@pytest.mark.parametrize("k, block_size, reduce, top_k", [(1, 4, "none", 8), (1, 1, "none", 32), (1, 32, "mean", 1)])
+def test_small_budgets_validate(k, block_size, reduce, top_k, tmp_path, capsys):
+    """export-sparse qwen3 --k 1 --block-size 4 (a 32-token budget, the smallest --k gives) and the
+    other block sizes: the sidecar holds the budget in blocks; the validation runs prompts the budget
+    covers (exact) and a longer one (its sparse steps only finite), and passes."""
     argv = ["qwen3", "--model", str(tiny_model("qwen3").checkpoint), "--k", str(k), "--block-size", str(block_size),
             "--group-reduce", reduce, "--capacity", "256", "-o", str(tmp_path / "out")]
     assert cli.main(argv) == 0
     assert "validation: max |logit difference|" in capsys.readouterr().out
     assert (tmp_path / "out" / "model.quest.onnx").is_file()
+    recorded = Sidecar.read(tmp_path / "out").settings
+    assert (recorded.top_k, recorded.block_size, recorded.group_reduce) == (top_k, block_size, reduce)
 
 
 def test_the_validation_plan_covers_sparse_steps_inside_the_budget_and_passes_it():

@@ -58,8 +58,8 @@ def test_og_tokenizer_and_generator_give_our_ids_and_tokens_past_the_budget():
 
 def test_the_default_export_runs_in_genai_as_in_this_package(tmp_path):
     folder = tmp_path / "qwen3-quest"  # export-sparse qwen3 --k 32
-    export_sparse("qwen3", output=folder, settings=SparseSettings(top_k=32), log=lambda *a, **k: None)
-    prompt = np.random.default_rng(0).integers(3, 8192, 400).tolist()  # past the 256-token budget
+    export_sparse("qwen3", output=folder, settings=SparseSettings.for_budget(32), log=lambda *a, **k: None)
+    prompt = np.random.default_rng(0).integers(3, 8192, 1100).tolist()  # past the 1024-token budget
     assert og_run(folder, 64, {"ids": prompt})["tokens"] == ours(folder, prompt, 64)
 
 
@@ -67,7 +67,7 @@ def test_the_readmes_genai_snippet_runs_on_the_default_export(tmp_path):
     from support.readme_snippets import DEFAULT_FOLDER, python_block
 
     folder = tmp_path / DEFAULT_FOLDER
-    export_sparse("qwen3", output=folder, settings=SparseSettings(top_k=32), log=lambda *a, **k: None)
+    export_sparse("qwen3", output=folder, settings=SparseSettings.for_budget(32), log=lambda *a, **k: None)
     code = python_block("og.Model(")
     done = subprocess.run([os.environ.get("QUEST_ORT_GENAI_PYTHON") or pytest.fail("run with `make test-genai`"),
                            "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
@@ -93,15 +93,15 @@ def _genai_libraries(into: pathlib.Path) -> pathlib.Path:
 
 def test_a_c_app_runs_the_default_export_through_genais_c_api(tmp_path):
     folder = tmp_path / "qwen3-quest"
-    export_sparse("qwen3", output=folder, settings=SparseSettings(top_k=32), log=lambda *a, **k: None)
+    export_sparse("qwen3", output=folder, settings=SparseSettings.for_budget(32), log=lambda *a, **k: None)
     lib = _genai_libraries(tmp_path / "lib")
     app = tmp_path / "genai_c_app"
     subprocess.run(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-O1",
                     str(pathlib.Path(__file__).with_name("genai_c_app.c")), "-o", str(app), "-Wl,--no-as-needed",
                     f"-L{lib}", "-lonnxruntime-genai", "-l:libonnxruntime.so.1", f"-Wl,-rpath,{lib}"], check=True)
-    prompt = " ".join(f"line {i} of a long prompt," for i in range(40))  # past the 256-token budget
+    prompt = " ".join(f"line {i} of a long prompt," for i in range(160))  # past the 1024-token budget
     ids = FolderTokenizer.from_folder(folder).encode(prompt)
     done = subprocess.run([str(app), str(folder), prompt, str(len(ids) + 48)], capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr
-    assert len(ids) > 256 and [int(t) for t in done.stdout.splitlines()[0].split()] == ours(folder, ids, 48)
+    assert len(ids) > 1024 and [int(t) for t in done.stdout.splitlines()[0].split()] == ours(folder, ids, 48)

@@ -23,7 +23,7 @@ from quest_ort.runtime.model import QuestModel
 pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TOP_K, BLOCK = 32, 32  # export-sparse --k 32 with the default blocks: a budget of 1024 tokens
+TOP_K, BLOCK = 32, 32  # export-sparse --k 32 --block-size 32: a budget of 1024 tokens
 NEW_TOKENS = 64
 
 

@@ -30,7 +30,7 @@ def exported(tmp_path_factory):
     import transformers
 
     folder = tmp_path_factory.mktemp("smollm2") / "default"
-    export_sparse("llama", output=folder, settings=SparseSettings(top_k=32),
+    export_sparse("llama", output=folder, settings=SparseSettings.for_budget(32),
                   model=str(checkpoint("smollm2", REPO / "build" / "weights")), capacity=CAPACITY,
                   log=lambda *args, **kwargs: None)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder / "tokenizer")

@@ -246,11 +246,11 @@ def test_chunked_prefill_matches_the_dense_baseline_past_one_chunk():
 
 
 def test_default_model_agrees_with_its_dense_baseline_over_64_tokens(tmp_path):
-    """The embedded default Qwen3 (as `make demo` exports it), inside its K=32 x P budget."""
+    """The embedded default Qwen3 (as `make demo` exports it), inside its `--k 32` budget."""
     folders = {}
     for attention in ("quest", "gqa"):
         folders[attention] = tmp_path / attention
-        export_sparse("qwen3", output=folders[attention], settings=SparseSettings(top_k=32, attention=attention),
+        export_sparse("qwen3", output=folders[attention], settings=SparseSettings.for_budget(32, attention=attention),
                       capacity=1024, log=lambda *a, **k: None)
     quest, dense = QuestModel(folders["quest"]), QuestModel(folders["gqa"])
     assert quest.sidecar.sparse_layers == [2, 3, 4, 5, 6, 7]

@@ -306,6 +306,6 @@ def test_the_readmes_chat_snippet_runs_on_the_default_export(tmp_path):
     from support.readme_snippets import run_chat_snippet
 
     folder = tmp_path / "qwen3-quest"  # what `export-sparse qwen3 --k 32 -o qwen3-quest` writes
-    export_sparse("qwen3", output=folder, settings=SparseSettings(top_k=32), log=lambda *a, **k: None)
+    export_sparse("qwen3", output=folder, settings=SparseSettings.for_budget(32), log=lambda *a, **k: None)
     printed = run_chat_snippet(folder)
     assert printed.count("\n") >= 2 and printed.strip()  # three replies of random weights: text, whatever it says
