@@ -1,7 +1,7 @@
 """`make eval`: pass-key retrieval and perplexity of the real checkpoints through the runtime users run, across selection policies and budgets; writes docs/quality.{json,md} and docs/quality_*.png.
 
 Checkpoints: SmolLM2-135M-Instruct and Qwen2.5-Coder-0.5B-Instruct (export/weights.py). Each is exported
-with the default settings (`SparseSettings(top_k=32)`, the real `export_sparse`) and once more per other
+with the default settings (`SparseSettings.for_budget(32)`, the real `export_sparse`) and once more per other
 block size P; every policy (P, group reduction, forced sink and recent blocks) at every budget is a
 variant of its P's graph with other SparseBlockSelect attributes, sharing that export's weights.
 
@@ -142,7 +142,7 @@ class Suite:
         self.name, self.family, self.capacity, self.threads, self.clock = name, family, capacity, threads, clock
         self.work = work / name
         self.settings = settings
-        self.default_config = default = qr.Config(qr.Policy.of(settings), settings.top_k * settings.block_size)
+        self.default_config = default = qr.Config(qr.Policy.of(settings), settings.budget_tokens)
         begin = time.time()
         self.folders = {default.policy.block_size: self._export(source, "default", self.settings, reuse)}
         for P in sorted({c.policy.block_size for c in configs + [OLD_DEFAULT] * old_default} - set(self.folders)):
@@ -318,7 +318,8 @@ def run_harder_retrieval(suite: Suite, plan: Plan, clock: Clock) -> dict:
               f"{hits['multi-key', 'default']}, asked twice {hits['asked twice', 'dense']} / "
               f"{hits['asked twice', 'default']} ({time.time() - begin:.0f} s)")
     clock.phase("harder retrieval", time.time() - begin)
-    return dict(answer_tokens=ANSWER_TOKENS, multi_key_answer_tokens=quality_retrieval.MULTI_KEY_ANSWER_TOKENS,
+    return dict(default=suite.default_config.name, answer_tokens=ANSWER_TOKENS,
+                multi_key_answer_tokens=quality_retrieval.MULTI_KEY_ANSWER_TOKENS,
                 keys_per_prompt=quality_retrieval.MULTI_KEYS, rows=rows)
 
 
@@ -402,7 +403,7 @@ def run_cache_types(name: str, plan: Plan, args, clock: Clock, tokenizer=None) -
 
             def export(validate: bool) -> None:
                 export_sparse(shipped.family, output=folder,
-                              settings=SparseSettings(top_k=32, kv_dtype=dtype, bounds_dtype=bounds),
+                              settings=SparseSettings.for_budget(32, kv_dtype=dtype, bounds_dtype=bounds),
                               model=str(source), capacity=capacity, overwrite=True, validate=validate,
                               log=lambda *a, **k: None)
 
@@ -465,8 +466,8 @@ def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:
     from quest_ort.export.rewrite import SparseSettings
     from quest_ort.export.weights import CHECKPOINTS, checkpoint
 
-    settings = SparseSettings(top_k=32)  # the default export, with the defaults of this run's code
-    default = qr.Config(qr.Policy.of(settings), settings.top_k * settings.block_size)
+    settings = SparseSettings.for_budget(32)  # the default export, with the defaults of this run's code
+    default = qr.Config(qr.Policy.of(settings), settings.budget_tokens)
     configs = sweep(default, plan.budgets)
     perplexity_configs = [c for c in configs if c.budget in plan.perplexity_budgets or c == default]
     capacity = max(max(plan.lengths), plan.perplexity_tokens) + 256  # the longest prompt and its answer
@@ -496,17 +497,48 @@ def evaluate(name: str, plan: Plan, args, clock: Clock) -> dict:
         threads=args.threads)
 
 
-def harder_retrieval_only(name: str, plan: Plan, args, clock: Clock) -> dict:
-    """run_harder_retrieval alone: the default export (reused with --reuse-exports) and its dense variant."""
+def default_suite(name: str, plan: Plan, args, clock: Clock) -> Suite:
+    """The default export alone (reused with --reuse-exports) and its dense variant."""
     from quest_ort.export.rewrite import SparseSettings
     from quest_ort.export.weights import CHECKPOINTS, checkpoint
 
-    settings = SparseSettings(top_k=32)
-    default = qr.Config(qr.Policy.of(settings), settings.top_k * settings.block_size)
+    settings = SparseSettings.for_budget(32)
+    default = qr.Config(qr.Policy.of(settings), settings.budget_tokens)
     capacity = max(max(plan.lengths), plan.perplexity_tokens) + 256
-    suite = Suite(name, CHECKPOINTS[name].family, checkpoint(name, WEIGHTS), capacity, settings, [default], clock,
-                  threads=args.threads, reuse=args.reuse_exports, old_default=False)
-    return run_harder_retrieval(suite, plan, clock)
+    return Suite(name, CHECKPOINTS[name].family, checkpoint(name, WEIGHTS), capacity, settings, [default], clock,
+                 threads=args.threads, reuse=args.reuse_exports, old_default=False)
+
+
+def run_default_check(suite: Suite, plan: Plan, clock: Clock) -> dict:
+    """What issue 43 asks of the default export (`export-sparse --k 32`), on the user's path only:
+    every pass-key prompt through `Generator(model).generate` on the default export and on the dense
+    reference, and both perplexity measures of each. No policy variant, no per-token prefill: the
+    part of the whole evaluation a change of the defaults must pass, with every key of the plan."""
+    from quest_ort.runtime.generate import Generator, Sampling
+
+    begin = time.time()
+    sampling = Sampling(max_new_tokens=ANSWER_TOKENS)
+    generators = {"default": Generator(suite.default), "dense": Generator(suite.dense)}
+    rows = []
+    prompts = pass_key_prompts(suite.tokenizer, plan.lengths, plan.depths)
+    for index, prompt in enumerate(prompts):
+        for label, generator in generators.items():
+            answer = suite.tokenizer.decode(generator.generate([prompt.ids], sampling)[0], skip_special_tokens=True)
+            rows.append(dict(model=label, length=prompt.length, depth=prompt.depth, key=prompt.key,
+                             hit=prompt.key in answer, answer=answer.strip()))
+        if (index + 1) % len(plan.depths) == 0:
+            done = [r for r in rows if r["length"] == prompt.length]
+            clock.log(f"{suite.name}: default check, {index + 1} of {len(prompts)} prompts; at {prompt.length} tokens "
+                      f"dense {sum(r['hit'] for r in done if r['model'] == 'dense')}, default "
+                      f"{sum(r['hit'] for r in done if r['model'] == 'default')} so far")
+    clock.phase("default check: pass key", time.time() - begin)
+    started = time.time()
+    perplexity = run_perplexity(suite, [suite.default_config], plan.perplexity_tokens, plan.continuation_from, clock)
+    clock.phase("default check: perplexity", time.time() - started)
+    return dict(default=suite.default_config.name, settings=dataclasses.asdict(suite.settings), lengths=plan.lengths,
+                depths=list(plan.depths), answer_tokens=ANSWER_TOKENS, perplexity_tokens=plan.perplexity_tokens,
+                continuation_from=plan.continuation_from, pass_key=rows, perplexity=perplexity,
+                seconds=round(time.time() - begin), threads=suite.threads)
 
 
 def main(argv=None):
@@ -540,6 +572,10 @@ def main(argv=None):
     parser.add_argument("--only-retrieval", action="store_true",
                         help="only the harder retrieval (multi-key, asked twice), stored into the output's "
                         "quality.json next to the rest")
+    parser.add_argument("--only-default", action="store_true",
+                        help="only the default export against dense through Generator: every pass-key prompt "
+                        "(--keys per length and depth) and both perplexity measures, stored into the output's "
+                        "quality.json next to the rest")
     parser.add_argument("--report-only", action="store_true",
                         help="only write quality.md and the plots again from the output's quality.json")
     args = parser.parse_args(argv)
@@ -558,18 +594,23 @@ def main(argv=None):
     report.setdefault("models", {})
     for name in [] if args.report_only else names:
         clock.phases = {}
-        if args.only_cache_types or args.only_retrieval:
-            flag = "--only-cache-types" if args.only_cache_types else "--only-retrieval"
+        if args.only_cache_types or args.only_retrieval or args.only_default:
+            flag = ("--only-cache-types" if args.only_cache_types else "--only-retrieval" if args.only_retrieval
+                    else "--only-default")
             if name not in report["models"]:
                 raise SystemExit(f"{flag} adds to {path}'s {name} results, which it lacks: run the whole "
                                  "evaluation first")
+            plan = Plan.of(name, args)
             if args.only_cache_types:
-                fresh = run_cache_types(name, Plan.of(name, args), args, clock)
+                fresh = run_cache_types(name, plan, args, clock)
                 report["models"][name]["cache_types"] = merge_cache_types(report["models"][name].get("cache_types"),
                                                                           fresh)
+            elif args.only_retrieval:
+                report["models"][name]["harder_retrieval"] = run_harder_retrieval(
+                    default_suite(name, plan, args, clock), plan, clock)
             else:
-                report["models"][name]["harder_retrieval"] = harder_retrieval_only(name, Plan.of(name, args), args,
-                                                                                   clock)
+                report["models"][name]["default_check"] = run_default_check(default_suite(name, plan, args, clock),
+                                                                            plan, clock)
             path.write_text(json.dumps(report, indent=1) + "\n")
             continue
         report["models"][name] = evaluate(name, Plan.of(name, args), args, clock)

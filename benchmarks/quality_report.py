@@ -6,6 +6,8 @@ import collections
 import pathlib
 import re
 
+from quest_ort.model_folder.settings import BUDGET_PAGE_TOKENS
+
 from .quality_retrieval import retrieval_table
 
 BEGIN, END = "<!-- BEGIN GENERATED: benchmarks/eval_quality.py -->", "<!-- END GENERATED -->"
@@ -175,10 +177,10 @@ def perplexity_tables(model) -> list[str]:
 
 
 def summary(model) -> list[str]:
-    """The facts that choose defaults: no key lost at budget 32 * P; perplexity within 1% at 1024 tokens."""
-    lost = keys_lost(model)
-    clean = [key for (key, budget), per_length in lost.items() if budget == 32 * key[0] and not sum(per_length.values())]
-    lines = ["Policies that lose no key dense retrieves at K = 32 (a budget of 32 x P tokens): "
+    """The facts that choose defaults: no key lost at `--k 32`'s budget; perplexity within 1% at 1024 tokens."""
+    lost, budget_k32 = keys_lost(model), 32 * BUDGET_PAGE_TOKENS
+    clean = [key for (key, budget), per_length in lost.items() if budget == budget_k32 and not sum(per_length.values())]
+    lines = [f"Policies that lose no key dense retrieves at `--k 32` (a budget of {budget_k32} tokens): "
              + (", ".join(policy_label(k) for k in sorted(clean)) or "none") + "."]
     for measure in MEASURES:
         dense = dense_perplexity(model, measure)
@@ -227,7 +229,8 @@ def _model_header(model) -> list[str]:
     timing += f"; {model['cpu_seconds']} s of CPU time"
     return [f"Model: {model['layers']} layers, {model['heads']} query heads on {model['kv_heads']} KV "
             f"heads, head dim {model['head_dim']}, layers {model['dense_layers']} dense. Default export "
-            f"`SparseSettings(top_k=32)`: P={s['block_size']}, group_reduce {s['group_reduce']}, sink "
+            f"(`export-sparse --k 32` as the run's code wrote it): P={s['block_size']}, K={s['top_k']} "
+            f"({s['top_k'] * s['block_size']} tokens), group_reduce {s['group_reduce']}, sink "
             f"{s['sink_blocks']}, recent {s['recent_blocks']} ({model['default']}); bounds {model['bounds_dtype']}, "
             f"caches {model['kv_dtype']}. Pass keys at {len(model['depths'])} depths, {prompts}; "
             f"{model['answer_tokens']} greedy tokens each. Run time {model['seconds']} s ({timing}).",
@@ -237,10 +240,41 @@ def _model_header(model) -> list[str]:
             f"answer on {checks['shared_weights_agree']} of {checks['prompts']}.", ""]
 
 
+def default_check_table(model) -> list[str]:
+    """`--only-default`: the default export against dense through Generator, every key of the plan,
+    and both perplexity measures (eval_quality.run_default_check)."""
+    check = model.get("default_check")
+    if not check:
+        return []
+    s, rows = check["settings"], check["pass_key"]
+    lines = [f"The default export as `export-sparse --k 32` writes it now ({check['default']}: P={s['block_size']}, "
+             f"K={s['top_k']}, {s['top_k'] * s['block_size']} tokens per query head), against the dense reference, "
+             f"every prompt through `Generator(model).generate` ({check['answer_tokens']} greedy tokens; "
+             f"`make eval EVAL_ARGS=\"--only-default ...\"`, {check['seconds']} s on {check['threads'] or 'all'} "
+             "threads). Keys per prompt length: those dense retrieves, those the default retrieves of them, lost:", "",
+             "| length | prompts | dense | default (of dense's) | lost |", "|---|---|---|---|---|"]
+    for length in sorted({r["length"] for r in rows}):
+        dense = {prompt_id(r): r["hit"] for r in rows if r["length"] == length and r["model"] == "dense"}
+        default = {prompt_id(r): r["hit"] for r in rows if r["length"] == length and r["model"] == "default"}
+        kept = sum(dense[case] and default[case] for case in dense)
+        lines.append(f"| {length} | {len(dense)} | {sum(dense.values())} | {kept} (all: "
+                     f"{sum(default.values())}) | {'**' if kept < sum(dense.values()) else ''}"
+                     f"{sum(dense.values()) - kept}{'**' if kept < sum(dense.values()) else ''} |")
+    lines += ["", f"Perplexity over {check['perplexity_tokens']} tokens (continuation from {check['continuation_from']}):", "",
+              "| measure | dense | default | change |", "|---|---|---|---|"]
+    for measure in MEASURES:
+        dense = next(r["perplexity"] for r in check["perplexity"] if r["config"] == "dense" and r["measure"] == measure)
+        default = next(r["perplexity"] for r in check["perplexity"] if r["config"] == check["default"]
+                       and r["measure"] == measure)
+        lines.append(f"| {measure} | {dense:.3f} | {default:.3f} | {(default / dense - 1) * 100:+.2f}% |")
+    return lines + [""]
+
+
 def markdown(report) -> list[str]:
     lines = [BEGIN, ""]
     for name, model in report["models"].items():
         lines += [f"### {model['model']}", ""] + _model_header(model) + summary(model)
+        lines += (["#### The default export, checked", ""] + default_check_table(model)) if model.get("default_check") else []
         lines += ["#### Pass-key retrieval", ""] + prefill_table(model) + lost_table(model) + pass_key_tables(model)
         lines += recall_table(model) + ["#### Perplexity", ""] + perplexity_tables(model)
         lines += (["#### Harder retrieval", ""] + retrieval_table(model)) if model.get("harder_retrieval") else []
