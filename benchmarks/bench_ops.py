@@ -2,7 +2,8 @@
 cache) and the machine's bandwidth.
 
 The sparse settings measured are the export's defaults (`SparseSettings.for_budget(32)`: what
-`export-sparse <family> --k 32` writes) and, for reference, the earlier default: blocks of 32 tokens
+`export-sparse <family> --k 32` writes) and, for reference at 32K, `--k 8` (the default's 256 tokens
+before `--k` counted 32-token pages) and the default before the policy sweep: blocks of 32 tokens
 and one selection per KV head. Every call reads cold data: each measurement rotates among enough
 copies of its buffers to exceed the last-level cache. Caches are bound in place (IOBinding), GQA
 shares its past/present buffers. The headline ratios (the default step at 32K, H=32 N=8 D=128,
@@ -75,7 +76,16 @@ class Setting:
         return np.dtype(self.bounds_dtype or cache_dtype)
 
 
-SETTINGS = (Setting.export_default(), Setting("shared-p32", 32, 32, "mean", None))
+    @classmethod
+    def export_budget(cls, name: str, k: int) -> "Setting":
+        """What `export-sparse --k k` writes (the default but for the budget)."""
+        settings = SparseSettings.for_budget(k)
+        return dataclasses.replace(cls.export_default(), name=name, top_k=settings.top_k)
+
+
+# The default, then for reference: `--k 8` (256 tokens, the default until --k counted 32-token pages:
+# what the larger budget costs) and the default before the policy sweep (P=32, one selection per KV head).
+SETTINGS = (Setting.export_default(), Setting.export_budget("budget-256", 8), Setting("shared-p32", 32, 32, "mean", None))
 # QuestMetadata's in-place outputs and the inputs they update.
 METADATA_ALIASES = {name: source for name, source in LAYER_ALIASES.items() if name.startswith("block_")}
 # The per-head row's query heads: this much of each is its own, the rest shared by its group, so the
@@ -501,7 +511,7 @@ def main(argv=None):
     print(f"read bandwidth: {bandwidth[1]:.1f} GB/s (1 thread), {bandwidth[2]:.1f} GB/s (2 threads)")
     heads = HEADS[:1] if args.quick else HEADS
     contexts = (32768,) if args.quick else CONTEXTS
-    default, reference = SETTINGS
+    default, references = SETTINGS[0], SETTINGS[1:]
     float16_steps = {}  # threads -> (run, copies): the default step over float16 caches at 32K
     for dtype in DTYPES:
         for C in contexts:
@@ -521,8 +531,9 @@ def main(argv=None):
                     if dtype == "int8":
                         int8_against_float16_steps(step_runs, cfg.copies, float16_steps, rows, heads=f"{H}/{N}/{D}",
                                                    context=C)
-                    print(f"H={H} N={N} D={D} C={C} {dtype}, {reference.name}", flush=True)
-                    bench_config(cfg, reference, 1, rng, rows)
+                    for reference in references:
+                        print(f"H={H} N={N} D={D} C={C} {dtype}, {reference.name}", flush=True)
+                        bench_config(cfg, reference, 1, rng, rows)
                     print(f"H={H} N={N} D={D} C={C} {dtype} dense, GroupQueryAttention", flush=True)
                     for threads in (1, 2):
                         baselines = bench_dense(cfg, threads, rows)
