@@ -248,8 +248,9 @@ def default_check_table(model) -> list[str]:
         return []
     s, rows = check["settings"], check["pass_key"]
     lines = [f"The default export as `export-sparse --k 32` writes it now ({check['default']}: P={s['block_size']}, "
-             f"K={s['top_k']}, {s['top_k'] * s['block_size']} tokens per query head), against the dense reference, "
-             f"every prompt through `Generator(model).generate` ({check['answer_tokens']} greedy tokens; "
+             f"K={s['top_k']}, {s['top_k'] * s['block_size']} tokens per query head), every prompt through "
+             "`Generator(model).generate`, against the dense reference decoded from that exact prefill "
+             f"({check['answer_tokens']} greedy tokens; "
              f"`make eval EVAL_ARGS=\"--only-default ...\"`, {check['seconds']} s on {check['threads'] or 'all'} "
              "threads). Keys per prompt length: those dense retrieves, those the default retrieves of them, lost:", "",
              "| length | prompts | dense | default (of dense's) | lost |", "|---|---|---|---|---|"]
