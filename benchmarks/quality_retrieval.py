@@ -136,7 +136,9 @@ def retrieval_table(model: dict) -> list[str]:
                          f"{sum(r['hit'] for r in default)} of {len(default)} | {lost} | {confused} |")
     return [f"{MULTI_KEYS} keys for named locks at spread depths, the question naming one (multi-key); the "
             "single pass key asked, answered, then asked again in the same conversation (asked twice: the "
-            "second answer counts). Through `Generator(model).generate`, "
+            "second answer counts). The default export "
+            + (f"({harder['default']}) " if "default" in harder else "")
+            + "and the dense reference, through `Generator(model).generate`, "
             f"{harder.get('multi_key_answer_tokens', harder['answer_tokens'])} greedy tokens per multi-key answer, "
             f"{harder['answer_tokens']} per asked-twice answer:", ""] + lines + [""]
 
