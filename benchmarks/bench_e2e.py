@@ -344,6 +344,9 @@ def main(argv=None):
     parser.add_argument("--ttft-runs", type=ttft_runs, default=TTFT_RUNS,
                         help="which time-to-first-token runs, comma-separated (default: all of "
                         + ", ".join(f"'{kind} {mode}'" for kind, mode in TTFT_RUNS) + ")")
+    parser.add_argument("--only-decode", action="store_true",
+                        help="only the decode steps in turns, kept with the other parts of results/e2e.json (which "
+                        "say the settings and the date they were measured with)")
     parser.add_argument("--only-ttft", action="store_true",
                         help="only the time-to-first-token runs, kept with the other parts of results/e2e.json "
                         "(rows of lengths not measured again stay)")
@@ -390,6 +393,21 @@ def main(argv=None):
               flush=True)
         print(f"          times faster: {speedups[str(context)]}", flush=True)
     del caches
+    if args.only_decode:
+        report = json.loads((RESULTS / "e2e.json").read_text()) if (RESULTS / "e2e.json").is_file() else {}
+        earlier = {key: report.get(key) for key in ("top_k", "block_size", "group_reduce", "bounds_dtype", "threads")}
+        if any(value is not None for value in earlier.values()) and "earlier_settings" not in report:
+            report["earlier_settings"] = dict(earlier, parts="memory, prefill, time_to_first_token")
+        report.update(top_k=settings.top_k, block_size=settings.block_size, group_reduce=settings.group_reduce,
+                      bounds_dtype=quest.sidecar.bounds_dtype, threads=args.threads, decode=rows, speedup=speedups,
+                      decode_date=time.strftime("%Y-%m-%d"))
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
+        plot(rows, report.get("memory", {}), RESULTS / "e2e.png",
+             f"Qwen3-0.6B geometry, {WEIGHTS} weights, {quest.sidecar.geometry.num_layers} layers, {args.threads} threads",
+             report.get("time_to_first_token", ()))
+        print(f"wrote {RESULTS / 'e2e.json'} and e2e.png")
+        return
     report = dict(geometry=GEOMETRY, weights=WEIGHTS, top_k=settings.top_k, block_size=settings.block_size,
                   group_reduce=settings.group_reduce, bounds_dtype=quest.sidecar.bounds_dtype, threads=args.threads,
                   models={kind: dict(folder=str(folders[kind].relative_to(ROOT)), attention=KINDS[kind][0],
