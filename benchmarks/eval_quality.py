@@ -169,7 +169,9 @@ class Suite:
         folder = self.work / label
         if reuse and (folder / "quest_model.json").is_file():
             sidecar = Sidecar.read(folder)
-            if sidecar.capacity >= self.capacity and sidecar.settings.block_size == settings.block_size:
+            selection = ("block_size", "top_k", "group_reduce", "sink_blocks", "recent_blocks")
+            if sidecar.capacity >= self.capacity and all(getattr(sidecar.settings, name) == getattr(settings, name)
+                                                         for name in selection):
                 self.clock.log(f"{self.name}: reusing {folder}")
                 return folder
         begin = time.time()
