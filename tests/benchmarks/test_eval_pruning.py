@@ -1,0 +1,49 @@
+"""make eval-pruning's arithmetic on made-up bounds: superblock bounds over partial superblocks, scores that bound their blocks', and the fractions it reports."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks import eval_pruning
+
+
+def _bounds(rng, blocks, dim):
+    keys = rng.standard_normal((blocks, 8, dim)).astype(np.float32)
+    return keys.max(1), keys.min(1)
+
+
+@pytest.mark.parametrize("blocks, size", [(1, 8), (7, 8), (8, 8), (9, 8), (33, 16)])
+def test_superblock_bounds_cover_their_blocks_and_a_partial_last_one(blocks, size):
+    top, bottom = _bounds(np.random.default_rng(blocks), blocks, 16)
+    super_top, super_bottom = eval_pruning.superblock_bounds(top, bottom, size)
+    assert super_top.shape == super_bottom.shape == (-(-blocks // size), 16)
+    for m in range(blocks):
+        assert np.all(super_top[m // size] >= top[m]) and np.all(super_bottom[m // size] <= bottom[m])
+    last = (blocks - 1) // size
+    np.testing.assert_array_equal(super_top[last], top[last * size :].max(0))
+
+
+@pytest.mark.parametrize("top_k, size, repeats", [(1, 8, 1), (4, 8, 2), (16, 16, 1), (200, 8, 1)])
+def test_exact_pruning_reads_at_least_every_superblock_holding_a_top_k_block(top_k, size, repeats):
+    rng = np.random.default_rng(top_k)
+    layers = []
+    for _ in range(2):  # two layers, 4 query heads on 2 KV heads
+        top, bottom = zip(*(_bounds(rng, 50, 16) for _ in range(2)))
+        layers.append((rng.standard_normal((4, 16)).astype(np.float32), np.stack(top), np.stack(bottom)))
+    measured = eval_pruning.pruning(layers, top_k, size, repeats)
+    assert 0 < measured["holding_top_k_fraction"] <= measured["must_read_fraction"]
+    assert measured["bytes_fraction"] > measured["must_read_fraction"]
+    if top_k >= 50 * repeats:  # every block is among the best: every superblock is read
+        assert measured["must_read_fraction"] == measured["holding_top_k_fraction"] == round(
+            -(-50 * repeats // size) * size / (50 * repeats), 3)
+
+
+def test_one_dominant_block_is_all_an_exact_pruning_reads():
+    """Keys near zero but one block far along the query: K = 1 reads that block's superblock only."""
+    top = np.full((64, 4), 0.01, np.float32)
+    bottom = -top
+    top[37] = bottom[37] = 10.0
+    query = np.ones((1, 4), np.float32)
+    measured = eval_pruning.pruning([(query, top[None], bottom[None])], 1, 8, 1)
+    assert measured["must_read_fraction"] == measured["holding_top_k_fraction"] == 8 / 64
