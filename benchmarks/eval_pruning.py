@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from . import quality_runtime as qr
+from .eval_quality import reusable
 from .quality_inputs import keys, pass_key_prompt
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -53,11 +54,8 @@ def export_default(name: str, capacity: int) -> pathlib.Path:
 
     folder = WORK / name
     settings = SparseSettings.for_budget(32)
-    if (folder / "quest_model.json").is_file():
-        sidecar = Sidecar.read(folder)
-        if sidecar.capacity >= capacity and sidecar.settings.top_k == settings.top_k and \
-                sidecar.settings.block_size == settings.block_size:
-            return folder
+    if (folder / "quest_model.json").is_file() and reusable(Sidecar.read(folder), settings, capacity):
+        return folder
     export_sparse(CHECKPOINTS[name].family, output=folder, settings=settings,
                   model=str(checkpoint(name, ROOT / "build" / "weights")), capacity=capacity, overwrite=True,
                   log=lambda *a, **k: None)
@@ -92,14 +90,7 @@ def decode_queries(folder: pathlib.Path, prompt: list[int], threads: int | None)
     probe = QuestModel(folder, threads=threads, model_file=QUERY_VARIANT)
     cache = qr.sharing_cache(probe, source)
     qr.rebuild_bounds(probe, cache)
-    inputs = probe.sidecar.inputs
-    feeds = {inputs["input_ids"]: np.array([[first]], np.int64), inputs["past_lens"]: cache.lengths.copy(),
-             inputs["total_lens"]: cache.lengths + 1, inputs["exact_lens"]: cache.lengths.copy(), **cache.values}
-    if "chunk_lens" in inputs:
-        feeds[inputs["chunk_lens"]] = cache.lengths.copy()
-    if "logits_keep" in inputs:
-        feeds[inputs["logits_keep"]] = np.array([0], np.int64)
-    outputs = probe._step.run(feeds)
+    outputs = probe._step.run(qr.decode_feeds(probe, cache, [first]))
     blocks = -(-len(prompt) // probe.sidecar.settings.block_size)
     layers = [layer for layer in cache.layers if layer.block_max is not None]
     return [(outputs[name][0, :, 0].astype(np.float32), layer.block_max[0, :, :blocks].astype(np.float32),
@@ -157,6 +148,7 @@ def main(argv=None):
     parser.add_argument("--output", type=pathlib.Path, default=RESULTS / "pruning.json")
     args = parser.parse_args(argv)
     from quest_ort.model_folder.settings import top_k_for_budget
+    from quest_ort.model_folder.sidecar import Sidecar
 
     report = dict(date=time.strftime("%Y-%m-%d"), length=args.length, superblocks=list(SUPERBLOCKS), models={})
     for name in args.model or MODELS:
@@ -167,7 +159,7 @@ def main(argv=None):
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder / "tokenizer")
         prompt = pass_key_prompt(tokenizer, keys(1, seed=args.length + 50)[0], args.length, 0.5, seed=0)
         layers = decode_queries(folder, prompt, args.threads)
-        block_size = 8
+        block_size = Sidecar.read(folder).settings.block_size
         rows = []
         for repeats in args.repeats:
             for pages in BUDGETS_IN_PAGES:

@@ -169,9 +169,7 @@ class Suite:
         folder = self.work / label
         if reuse and (folder / "quest_model.json").is_file():
             sidecar = Sidecar.read(folder)
-            selection = ("block_size", "top_k", "group_reduce", "sink_blocks", "recent_blocks")
-            if sidecar.capacity >= self.capacity and all(getattr(sidecar.settings, name) == getattr(settings, name)
-                                                         for name in selection):
+            if reusable(sidecar, settings, self.capacity):
                 self.clock.log(f"{self.name}: reusing {folder}")
                 return folder
         begin = time.time()
@@ -191,6 +189,13 @@ class Suite:
     def model_for(self, config: qr.Config):
         """The default export itself for its own configuration, else a variant."""
         return self.default if config == self.default_config else self.variant(config)
+
+
+def reusable(sidecar, settings, capacity: int) -> bool:
+    """Whether an earlier export (its sidecar) holds `capacity` tokens and selects as `settings` do."""
+    selection = ("block_size", "top_k", "group_reduce", "sink_blocks", "recent_blocks")
+    return sidecar.capacity >= capacity and all(getattr(sidecar.settings, name) == getattr(settings, name)
+                                                for name in selection)
 
 
 @dataclasses.dataclass

@@ -259,11 +259,9 @@ def greedy_steps(model, cache: KVCache, first_tokens, tokens: int) -> list[list[
     return rows
 
 
-def analysis_step(model, cache: KVCache, tokens: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One decode step of tokens [B] through an analysis variant (write_variant(analysis=True)),
-    fed as QuestModel.step feeds a decode step; returns, per sparse layer in graph order, (the
-    selection [B, R, K], the exact attention mass per block [B, N, M]). The cache keeps what the step
-    wrote: restore it before the next policy."""
+def decode_feeds(model, cache: KVCache, tokens) -> dict:
+    """The feeds of one decode step of tokens [B] over `cache`, as QuestModel.step feeds it, for a
+    session of a variant graph with extra outputs (run directly: QuestModel.step returns logits only)."""
     names = model.sidecar.inputs
     feeds = {names["input_ids"]: np.asarray(tokens, np.int64)[:, None], names["past_lens"]: cache.lengths.copy(),
              names["total_lens"]: cache.lengths + 1, names["exact_lens"]: cache.lengths.copy(), **cache.values}
@@ -271,7 +269,15 @@ def analysis_step(model, cache: KVCache, tokens: np.ndarray) -> list[tuple[np.nd
         feeds[names["chunk_lens"]] = cache.lengths.copy()  # no chunk queries: a decode step
     if "logits_keep" in names:
         feeds[names["logits_keep"]] = np.array([0], np.int64)  # every position: the step's one
-    outputs = model._step.run(feeds)  # the variant's extra outputs come back with the logits
+    return feeds
+
+
+def analysis_step(model, cache: KVCache, tokens: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One decode step of tokens [B] through an analysis variant (write_variant(analysis=True)),
+    fed as QuestModel.step feeds a decode step; returns, per sparse layer in graph order, (the
+    selection [B, R, K], the exact attention mass per block [B, N, M]). The cache keeps what the step
+    wrote: restore it before the next policy."""
+    outputs = model._step.run(decode_feeds(model, cache, tokens))  # the variant's extra outputs come back too
     extra = [o.name for o in model.session.get_outputs()
              if o.name != model.sidecar.outputs["logits"] and not o.name.startswith("present")]
     return [(outputs[selected][:, :, 0], outputs[mass]) for selected, mass in zip(extra[0::2], extra[1::2])]
