@@ -1,4 +1,4 @@
-"""`make eval-pruning`: how much of the block bounds an exact superblock pruning could leave unread, on real caches.
+"""`make eval-pruning`: how much of the block bounds a superblock pruning could leave unread on real caches, exactly or approximately, and what the approximate one keeps.
 
 Issue 43 asks for hierarchical block bounds: bounds over superblocks of S consecutive blocks (the max
 of their maxima, the min of their minima) whose Quest score bounds every block score inside, so
@@ -15,6 +15,14 @@ any kernel is written:
 - *must read*: the superblocks whose score reaches that K-th best score (exact pruning reads their
   fine bounds, and every superblock bound); *holding the top K*: the superblocks that hold one of
   the K best blocks (no superblock bound, however tight, lets an exact pruning skip these);
+- *approximate*: what an approximate two-level selection would keep within the issue's byte
+  budget (a quarter of the flat bound bytes): every superblock bound is read, then only the fine
+  bounds of the superblocks ranked best by their own Quest score, as many as the rest of the budget
+  holds (at least enough for K blocks), and the K best of their blocks are selected. *Recall* is the
+  share of those K blocks whose score reaches the K-th best block score: 1 when the approximate
+  selection equals the flat one (blocks of equal score, as the repeated caches' copies, count alike);
+  *attention mass*: the share of the decode query's softmax attention (scale 1/sqrt(D), over the
+  prompt's keys as the cache holds them) that the flat and the approximate selections' blocks hold;
 - longer contexts as the issue defines them: the prompt's cache repeated `--repeats` times (its
   block bounds tiled), the query the same.
 
@@ -42,6 +50,7 @@ MODELS = ("smollm2", "qwen2.5-coder")
 BUDGETS_IN_PAGES = (8, 32)  # --k 8 (256 tokens, the default until --k counted pages) and the default --k 32
 SUPERBLOCKS = (8, 16, 32)  # blocks per superblock
 REPEATS = (1, 4, 16)
+APPROXIMATE_BYTES = 0.25  # the approximate selection's bound reads, a share of the flat selection's (issue 43)
 QUERY_VARIANT = "model.select-queries.onnx"
 
 
@@ -76,8 +85,8 @@ def write_query_variant(folder: pathlib.Path) -> list[str]:
 
 
 def decode_queries(folder: pathlib.Path, prompt: list[int], threads: int | None):
-    """(per sparse layer: the decode step's query [H, D] and the cache's block bounds [N, M, D] as
-    float32) after an exact prefill of `prompt` through Generator."""
+    """(per sparse layer: the decode step's query [H, D], the cache's block bounds [N, M, D] and the
+    prompt's keys [N, T, D], as float32) after an exact prefill of `prompt` through Generator."""
     from quest_ort.runtime.generate import Generator, Sampling
     from quest_ort.runtime.model import QuestModel
 
@@ -94,7 +103,8 @@ def decode_queries(folder: pathlib.Path, prompt: list[int], threads: int | None)
     blocks = -(-len(prompt) // probe.sidecar.settings.block_size)
     layers = [layer for layer in cache.layers if layer.block_max is not None]
     return [(outputs[name][0, :, 0].astype(np.float32), layer.block_max[0, :, :blocks].astype(np.float32),
-             layer.block_min[0, :, :blocks].astype(np.float32)) for name, layer in zip(names, layers, strict=True)]
+             layer.block_min[0, :, :blocks].astype(np.float32),
+             qr.held_keys(layer, 0, len(prompt)).astype(np.float32)) for name, layer in zip(names, layers, strict=True)]
 
 
 def superblock_bounds(block_max: np.ndarray, block_min: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -113,10 +123,34 @@ def head_scores(query: np.ndarray, top: np.ndarray, bottom: np.ndarray) -> np.nd
     return bound_scores(query[None, None, None], top[None, None], bottom[None, None], 1, "none")[0, 0, 0]
 
 
-def pruning(layers, top_k: int, size: int, repeats: int) -> dict:
-    """Fractions of the flat selection's bound reads, summed over layers and query heads."""
+def block_attention(query: np.ndarray, keys: np.ndarray, block_size: int) -> np.ndarray:
+    """The softmax attention of one query row [D] over keys [T, D] (scale 1/sqrt(D)), summed per
+    block of `block_size` tokens: [ceil(T / block_size)], summing to 1."""
+    logits = keys @ query / np.sqrt(query.size)
+    weights = np.exp(logits - logits.max())
+    weights /= weights.sum()
+    return np.add.reduceat(weights, np.arange(0, keys.shape[0], block_size))
+
+
+def approximate_selection(scores: np.ndarray, super_scores: np.ndarray, keep: int, size: int) -> tuple[np.ndarray, int]:
+    """(the blocks the approximate selection picks, fine-bound blocks it reads): the best
+    superblocks by score (ties to the lower index) within APPROXIMATE_BYTES of the flat bytes, then
+    the `keep` best of their blocks."""
+    blocks = scores.size
+    candidates = max(int((APPROXIMATE_BYTES * blocks - super_scores.size) // size), -(-keep // size))
+    chosen = np.sort(np.argsort(-super_scores, kind="stable")[:candidates])
+    members = (chosen[:, None] * size + np.arange(size)).reshape(-1)
+    members = members[members < blocks]
+    return members[np.argsort(-scores[members], kind="stable")[:keep]], members.size
+
+
+def pruning(layers, top_k: int, size: int, repeats: int, block_size: int = 8) -> dict:
+    """Fractions of the flat selection's bound reads, summed over layers and query heads (`layers`:
+    (query, block maxima, block minima[, keys]) each; with keys, the attention mass the selections
+    hold, averaged over layers and query heads)."""
     must, holding, superblocks, total = 0, 0, 0, 0
-    for query, block_max, block_min in layers:
+    recalled, selected, approximate_reads, flat_mass, approximate_mass, heads_seen = 0, 0, 0, 0.0, 0.0, 0
+    for query, block_max, block_min, *held in layers:
         heads, kv_heads = query.shape[0], block_max.shape[0]
         for h in range(heads):
             n = h // (heads // kv_heads)
@@ -134,8 +168,20 @@ def pruning(layers, top_k: int, size: int, repeats: int) -> dict:
             holding += len(np.unique(best // size)) * size
             superblocks += super_scores.size
             total += blocks
+            picked, reads = approximate_selection(scores, super_scores, keep, size)
+            recalled, selected = recalled + int((scores[picked] >= kth).sum()), selected + keep
+            approximate_reads += reads
+            if held:  # the repeated cache's softmax gives each copy of a block 1/repeats of its mass
+                mass = np.tile(block_attention(query[h], held[0][n], block_size), repeats) / repeats
+                flat_mass += float(mass[best].sum())
+                approximate_mass += float(mass[picked].sum())
+                heads_seen += 1
+    masses = dict(flat_attention_mass=round(flat_mass / heads_seen, 4),
+                  approximate_attention_mass=round(approximate_mass / heads_seen, 4)) if heads_seen else {}
     return dict(must_read_fraction=round(must / total, 3), holding_top_k_fraction=round(holding / total, 3),
-                bytes_fraction=round((must + superblocks) / total, 3))
+                bytes_fraction=round((must + superblocks) / total, 3),
+                approximate_bytes_fraction=round((approximate_reads + superblocks) / total, 3),
+                approximate_recall=round(recalled / selected, 4), **masses)
 
 
 def main(argv=None):
@@ -166,11 +212,14 @@ def main(argv=None):
                 top_k = top_k_for_budget(pages, block_size)
                 for size in SUPERBLOCKS:
                     row = dict(context=len(prompt) * repeats, repeats=repeats, k=pages, top_k=top_k,
-                               superblock_blocks=size, **pruning(layers, top_k, size, repeats))
+                               superblock_blocks=size, **pruning(layers, top_k, size, repeats, block_size))
                     rows.append(row)
                     print(f"{name} {row['context']:7d} tokens  --k {pages:2d} (K={top_k:3d})  S={size:2d}:  must read "
                           f"{row['must_read_fraction']:.3f}, holding the top K {row['holding_top_k_fraction']:.3f}, "
-                          f"bytes with the superblocks {row['bytes_fraction']:.3f}", flush=True)
+                          f"bytes with the superblocks {row['bytes_fraction']:.3f}; approximate: bytes "
+                          f"{row['approximate_bytes_fraction']:.3f}, recall {row['approximate_recall']:.4f}; attention mass held: "
+                          f"flat {row['flat_attention_mass']:.4f}, approximate {row['approximate_attention_mass']:.4f}",
+                          flush=True)
         report["models"][name] = dict(prompt_tokens=len(prompt), sparse_layers=len(layers),
                                       query_heads=int(layers[0][0].shape[0]), rows=rows,
                                       seconds=round(time.time() - begin))

@@ -1,4 +1,4 @@
-"""make eval-pruning's arithmetic on made-up bounds: superblock bounds over partial superblocks, scores that bound their blocks', and the fractions it reports."""
+"""make eval-pruning's arithmetic on made-up bounds: superblock bounds over partial superblocks, scores that bound their blocks', the fractions it reports, the approximate selection's recall and the attention mass it holds."""
 
 from __future__ import annotations
 
@@ -47,3 +47,38 @@ def test_one_dominant_block_is_all_an_exact_pruning_reads():
     query = np.ones((1, 4), np.float32)
     measured = eval_pruning.pruning([(query, top[None], bottom[None])], 1, 8, 1)
     assert measured["must_read_fraction"] == measured["holding_top_k_fraction"] == 8 / 64
+
+
+def test_approximate_selection_misses_a_best_block_behind_a_looser_superblock():
+    """Superblock A's bound (10) outranks B's (6.5) though A's blocks score 5 and B holds the best
+    block (6.5): within the byte budget one superblock is read, A, so K = 1 recalls nothing."""
+    top = np.array([[5, 0], [0, 5], [6, 0.5], [0, 0]], np.float32)
+    bottom = np.zeros_like(top)
+    measured = eval_pruning.pruning([(np.ones((1, 2), np.float32), top[None], bottom[None])], 1, 2, 1)
+    assert measured["approximate_recall"] == 0
+    assert measured["approximate_bytes_fraction"] == (2 + 2) / 4
+
+
+@pytest.mark.parametrize("top_k, size, repeats", [(1, 8, 1), (4, 8, 4), (16, 16, 2), (200, 8, 1)])
+def test_approximate_recall_is_a_share_and_whole_when_the_floor_reads_every_superblock(top_k, size, repeats):
+    rng = np.random.default_rng(top_k + size)
+    top, bottom = _bounds(rng, 50, 16)
+    query = rng.standard_normal((2, 16)).astype(np.float32)
+    measured = eval_pruning.pruning([(query, top[None], bottom[None])], top_k, size, repeats)
+    assert 0 <= measured["approximate_recall"] <= 1
+    if top_k >= 50 * repeats:  # the budget's floor reads every superblock: the flat selection
+        assert measured["approximate_recall"] == 1
+
+
+def test_attention_mass_sums_per_block_and_follows_the_selection():
+    keys = np.zeros((1, 64 * 8 - 3, 4), np.float32)  # a partial last block
+    keys[0, 37 * 8 : 38 * 8] = 10.0
+    query = np.ones(4, np.float32)
+    mass = eval_pruning.block_attention(query, keys[0], 8)
+    assert mass.shape == (64,) and np.isclose(mass.sum(), 1) and mass[37] > 0.999
+    top = np.full((64, 4), 0.01, np.float32)
+    top[37] = 10.0
+    layers = [(query[None], top[None], -top[None], keys)]
+    measured = eval_pruning.pruning(layers, 1, 8, repeats=2)
+    # two copies of block 37, each holding half the mass; K = 1 selects one of them
+    assert measured["flat_attention_mass"] == measured["approximate_attention_mass"] == pytest.approx(0.5, abs=1e-3)
