@@ -16,7 +16,11 @@ machine's speed drifts by ten percent within a minute). Time to the first token:
 4K, 16K and 32K random tokens through the runtime's `prefill`, each run in its own process (its
 seconds and peak RSS): the Quest model over int8 caches prefilled exactly and sparsely
 (`prefill="sparse"`), and GroupQueryAttention over float16 caches and over its int8 cache, one after
-another per length. Prints a table, writes results/e2e.json and e2e.png.
+another per length. Long contexts (issue 43's flat-step target): the two int8-cache models alone, of a
+second export whose capacity reaches 128K (the same checkpoint), decode in turns at 4K,
+32K and 128K cached tokens; the JSON records each step's time over its 4K step and the block bound
+bytes the Quest selection reads per step (every block's: the selection is flat). Prints a table,
+writes results/e2e.json and e2e.png.
 """
 
 from __future__ import annotations
@@ -44,6 +48,13 @@ GEOMETRY = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num
 CONTEXTS = (4096, 8192, 16384, 32768)
 CAPACITY = 32768 + 64
 PREFILL_TOKENS = (4096, 8192)
+# The int8-cache pair at long contexts, from an export reaching them (a 128K cache each: 7.5 GB of
+# int8 keys and values per model, so the float16 pair stays at CONTEXTS); 4K is the reference step.
+LONG_CONTEXTS = (4096, 32768, 131072)
+LONG_KINDS = ("quest-int8", "gqa-int8")
+LONG_CAPACITY = LONG_CONTEXTS[-1] + 64
+FLAT_STEP_TARGET = 1.5  # issue 43: the step at 128K over the step at 4K, Quest over int8 caches
+LONG_HEADROOM = 4 << 30  # bytes past the two caches: the sessions, fill's per-layer temporaries (peak measured 20 GiB in all)
 TTFT_TOKENS = (4096, 16384, 32768)
 # Time to the first token: (model kind, prefill mode) runs, in this order at each prompt length.
 TTFT_RUNS = (("quest-int8", "exact"), ("quest-int8", "sparse"), ("gqa-float16", "exact"), ("gqa-int8", "exact"))
@@ -56,9 +67,10 @@ SETTLE_S = 0.1  # the untimed pause before each timed decode step (decode_round_
 INT8_SCALE = 0.03  # the row scale of the Quest int8 caches' random codes (any scale costs the same)
 
 
-def ensure_models() -> dict[str, pathlib.Path]:
-    """The folders of KINDS, exported once under build/models (gqa-int8 is gqa-float16's folder: its
-    int8 graph is written there by benchmarks.gqa_int8)."""
+def ensure_models(long: bool = False) -> dict[str, pathlib.Path]:
+    """The folders of KINDS (`long`: of LONG_KINDS, exported with a capacity of LONG_CAPACITY),
+    exported once under build/models (gqa-int8 is gqa-float16's folder: its int8
+    graph is written there by benchmarks.gqa_int8)."""
     from quest_ort.export.families import FAMILIES, build_default_model
     from quest_ort.pipeline import export_sparse
     from quest_ort.export.rewrite import SparseSettings
@@ -68,23 +80,30 @@ def ensure_models() -> dict[str, pathlib.Path]:
     if not (checkpoint / "config.json").is_file():
         print("building the random Qwen3-0.6B-geometry checkpoint ...", flush=True)
         build_default_model(FAMILIES["qwen3"], checkpoint, **GEOMETRY)
+    # The long export's positions pass the checkpoint's 40960: its graph computes the rotary angles
+    # from each position (no table), so a step there costs what it would with Qwen3's 128K scaling.
+    base, capacity = ("qwen3-0.6b-geometry-128k", LONG_CAPACITY) if long else ("qwen3-0.6b-geometry", CAPACITY)
+    kinds = LONG_KINDS if long else tuple(KINDS)
+    exported = {"gqa-float16" if kind == "gqa-int8" else kind for kind in kinds}
     folders = {}
-    for kind, (attention, kv_dtype) in KINDS.items():
-        if kind == "gqa-int8":
-            folders[kind] = folders["gqa-float16"]
+    for kind in KINDS:
+        if kind not in exported:
             continue
+        attention, kv_dtype = KINDS[kind]
         settings = SparseSettings.for_budget(32, kv_dtype=kv_dtype, attention=attention, weights=WEIGHTS)
         # (named by what it exports, so an export of other defaults is not reused)
         bounds = default_bounds_dtype(kv_dtype, settings.score)
         name = "gqa" if attention == "gqa" else (f"quest-k{settings.top_k}-p{settings.block_size}-{settings.group_reduce}"
                                                  + ("" if bounds == "float16" else f"-b{bounds}"))
-        folder = MODELS / f"qwen3-0.6b-geometry-{name}-{kv_dtype}-{WEIGHTS}"
+        folder = MODELS / f"{base}-{name}-{kv_dtype}-{WEIGHTS}"
         if not (folder / "quest_model.json").is_file() or _older_export(folder):
-            print(f"exporting {kind} ...", flush=True)  # (again, when an older exporter wrote the folder)
-            export_sparse("qwen3", output=folder, settings=settings, model=str(checkpoint), capacity=CAPACITY,
+            print(f"exporting {kind} ({base}) ...", flush=True)  # (again, when an older exporter wrote the folder)
+            export_sparse("qwen3", output=folder, settings=settings, model=str(checkpoint), capacity=capacity,
                           overwrite=True)
         folders[kind] = folder
-    return folders
+    if "gqa-int8" in kinds:
+        folders["gqa-int8"] = folders["gqa-float16"]
+    return {kind: folders[kind] for kind in kinds}
 
 
 def _older_export(folder: pathlib.Path) -> bool:
@@ -163,6 +182,52 @@ def decode_round_robin(models: dict, caches: dict, context: int, steps: int) -> 
             if round_:
                 times[kind].append(time.perf_counter() - begin)
     return {kind: statistics.median(values) * 1e3 for kind, values in times.items()}
+
+
+def available_memory() -> int | None:
+    """The kernel's MemAvailable in bytes (None where /proc/meminfo does not say)."""
+    try:
+        lines = pathlib.Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")), None)
+
+
+def long_decode(folders: dict, threads: int, steps: int, rng) -> dict:
+    """LONG_KINDS decoding in turns at each of LONG_CONTEXTS in caches of LONG_CAPACITY: rows as
+    `decode`'s, each step's time over its 4K step, and the block bound bytes the Quest step reads.
+    Refused before any cache is filled where the memory available cannot hold the caches: then
+    `not_measured` says why and there are no rows."""
+    models = {kind: open_model(kind, folders[kind], threads) for kind in LONG_KINDS}
+    caches = {kind: models[kind].new_cache(1, LONG_CAPACITY) for kind in LONG_KINDS}  # (untouched pages yet)
+    needed = sum(array.nbytes for cache in caches.values() for array in cache.buffers.values()) + LONG_HEADROOM
+    available = available_memory()
+    if available is not None and available < needed:
+        reason = (f"needs {needed / 2**30:.1f} GiB (two {LONG_CAPACITY}-token caches and {LONG_HEADROOM >> 30} GiB "
+                  f"for the sessions and the fill), {available / 2**30:.1f} GiB available")
+        print(f"long contexts not measured: {reason}", flush=True)
+        return dict(capacity=LONG_CAPACITY, not_measured=reason, rows=[], date=time.strftime("%Y-%m-%d"))
+    quest = models["quest-int8"]
+    block_size = quest.sidecar.settings.block_size
+    rows, bound_bytes = [], {}
+    for context in LONG_CONTEXTS:
+        for kind in LONG_KINDS:
+            fill(caches[kind], context, block_size, rng)
+        ms = decode_round_robin(models, caches, context, steps)
+        rows += [dict(model=kind, context=context, ms_per_token=round(value, 2), threads=threads)
+                 for kind, value in ms.items()]
+        blocks = -(-context // block_size)  # every block's bounds: the selection reads them all
+        bound_bytes[str(context)] = sum(array[:, :, :blocks].nbytes for layer in caches["quest-int8"].layers
+                                        if layer.block_max is not None for array in bound_arrays(layer))
+        print(f"long, C={context:6d} " + "  ".join(f"{kind} {value:7.1f}" for kind, value in ms.items())
+              + f" ms/token; Quest block bounds read per step {bound_bytes[str(context)] / 2**20:.0f} MiB", flush=True)
+    del caches
+    first = {row["model"]: row["ms_per_token"] for row in rows if row["context"] == LONG_CONTEXTS[0]}
+    for row in rows:
+        row["over_first_context"] = round(row["ms_per_token"] / first[row["model"]], 2)
+    return dict(capacity=LONG_CAPACITY, folders={kind: folders[kind].name for kind in LONG_KINDS},
+                selection="flat", bound_bytes_per_step=bound_bytes, rows=rows,
+                date=time.strftime("%Y-%m-%d"))
 
 
 def prefill_run(folder: pathlib.Path, tokens: int, threads: int, mode: str = "exact", kind: str = "quest") -> dict:
@@ -274,7 +339,7 @@ def ratios(ms: dict[str, float]) -> dict[str, float]:
             for quest in ms if quest.startswith("quest")}
 
 
-def plot(rows, memory, path, title, ttft=()):
+def plot(rows, memory, path, title, ttft=(), long_rows=()):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -288,7 +353,17 @@ def plot(rows, memory, path, title, ttft=()):
     for kind, color in colors.items():
         points = sorted((r["context"], r["ms_per_token"]) for r in rows if r["model"] == kind)
         time_ax.plot(*zip(*points), marker="o", color=color, label=label_of(kind))
+        long_points = sorted((r["context"], r["ms_per_token"]) for r in long_rows if r["model"] == kind)
+        if long_points:  # the 128K-capacity export's run (bench_e2e.long_decode), dashed
+            time_ax.plot(*zip(*long_points), marker="s", linestyle="--", color=color,
+                         label=f"{label_of(kind)}, to {long_points[-1][0] // 1024}K")
     time_ax.set(xscale="log", yscale="log", xlabel="cached tokens", ylabel="ms per decoded token", title=title)
+    far = max((r for r in long_rows if r["model"] == "quest-int8"), key=lambda r: r["context"], default=None)
+    if far is not None:  # issue 43's flat-step target, said where the long run's line ends
+        time_ax.annotate(f"{far['context'] // 1024}K step: {far['over_first_context']}x the "
+                         f"{LONG_CONTEXTS[0] // 1024}K step (target <= {FLAT_STEP_TARGET}x)",
+                         (far["context"], far["ms_per_token"]), xytext=(0, -34), textcoords="offset points",
+                         ha="right", fontsize=8)
     time_ax.legend(fontsize=8)
     kinds = [kind for kind in colors if "peak_rss_gb" in memory.get(kind, {})]
     # (decode_once measures GiB, under the keys' historical "_gb" names) the peak of the prompt step
@@ -330,7 +405,32 @@ def ttft_runs(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def label_of(kind: str) -> str:
-    return LABELS.get(kind) or f"Quest K=32, {KINDS[kind][1]} cache"
+    return LABELS.get(kind) or f"Quest --k 32, {KINDS[kind][1]} cache"
+
+
+def earlier_report() -> dict:
+    """results/e2e.json as the last run left it (empty before any run): what an --only-* run adds to."""
+    return json.loads((RESULTS / "e2e.json").read_text()) if (RESULTS / "e2e.json").is_file() else {}
+
+
+def long_rows(report: dict) -> list:
+    return report.get("long_decode", {}).get("rows", [])
+
+
+def write_report(report: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
+def write_part(report: dict) -> None:
+    """results/e2e.json after an --only-* part, and e2e.png from every part it holds (once there are
+    decode rows to draw)."""
+    write_report(report)
+    if report.get("decode"):
+        plot(report["decode"], report.get("memory", {}), RESULTS / "e2e.png",
+             f"Qwen3-0.6B geometry, {WEIGHTS} weights, {report.get('threads')} threads",
+             report.get("time_to_first_token", ()), long_rows(report))
+    print(f"wrote {RESULTS / 'e2e.json'}")
 
 
 def main(argv=None):
@@ -347,6 +447,9 @@ def main(argv=None):
     parser.add_argument("--only-decode", action="store_true",
                         help="only the decode steps in turns, kept with the other parts of results/e2e.json (which "
                         "say the settings and the date they were measured with)")
+    parser.add_argument("--only-long", action="store_true",
+                        help="only the int8-cache pair's decode at " + ", ".join(f"{c // 1024}K" for c in LONG_CONTEXTS)
+                        + " (about 20 GiB at its peak), kept with the other parts of results/e2e.json")
     parser.add_argument("--only-ttft", action="store_true",
                         help="only the time-to-first-token runs, kept with the other parts of results/e2e.json "
                         "(rows of lengths not measured again stay)")
@@ -356,22 +459,23 @@ def main(argv=None):
     configure_logging()  # the exports' steps and the checkpoints' conversion, on stderr
     from .gqa_int8 import MODEL_FILE
 
+    if args.only_long:
+        report = earlier_report()
+        report["long_decode"] = long_decode(ensure_models(long=True), args.threads, args.steps,
+                                            np.random.default_rng(0))
+        write_part(report)
+        return
     folders = ensure_models()
     if args.only_ttft:
-        report = json.loads((RESULTS / "e2e.json").read_text()) if (RESULTS / "e2e.json").is_file() else {}
-
+        report = earlier_report()
         earlier = {row["tokens"]: row for row in report.get("time_to_first_token", [])}
 
         def save(rows):  # what is measured now replaces its entries; the rest stays, marked as earlier
             report["time_to_first_token"] = merge_ttft_rows(earlier, rows)
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
+            write_report(report)
 
         time_to_first_token(folders, args.ttft_tokens, args.threads, on_row=save, runs=args.ttft_runs)
-        if report.get("decode"):
-            plot(report["decode"], report.get("memory", {}), RESULTS / "e2e.png",
-                 f"Qwen3-0.6B geometry, {WEIGHTS} weights, {report.get('threads')} threads", report["time_to_first_token"])
-        print(f"wrote {RESULTS / 'e2e.json'}")
+        write_part(report)
         return
     models = {kind: open_model(kind, folder, args.threads) for kind, folder in folders.items()}
     quest = models["quest-float16"]
@@ -394,18 +498,17 @@ def main(argv=None):
         print(f"          times faster: {speedups[str(context)]}", flush=True)
     del caches
     if args.only_decode:
-        report = json.loads((RESULTS / "e2e.json").read_text()) if (RESULTS / "e2e.json").is_file() else {}
+        report = earlier_report()
         earlier = {key: report.get(key) for key in ("top_k", "block_size", "group_reduce", "bounds_dtype", "threads")}
         if any(value is not None for value in earlier.values()) and "earlier_settings" not in report:
             report["earlier_settings"] = dict(earlier, parts="memory, prefill, time_to_first_token")
         report.update(top_k=settings.top_k, block_size=settings.block_size, group_reduce=settings.group_reduce,
                       bounds_dtype=quest.sidecar.bounds_dtype, threads=args.threads, decode=rows, speedup=speedups,
                       decode_date=time.strftime("%Y-%m-%d"))
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
+        write_report(report)
         plot(rows, report.get("memory", {}), RESULTS / "e2e.png",
              f"Qwen3-0.6B geometry, {WEIGHTS} weights, {quest.sidecar.geometry.num_layers} layers, {args.threads} threads",
-             report.get("time_to_first_token", ()))
+             report.get("time_to_first_token", ()), long_rows(report))
         print(f"wrote {RESULTS / 'e2e.json'} and e2e.png")
         return
     report = dict(geometry=GEOMETRY, weights=WEIGHTS, top_k=settings.top_k, block_size=settings.block_size,
@@ -419,10 +522,13 @@ def main(argv=None):
     title = f"Qwen3-0.6B geometry, {WEIGHTS} weights, {quest.sidecar.geometry.num_layers} layers, {args.threads} threads"
 
     def save() -> None:  # after each part: a later failure loses nothing measured
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "e2e.json").write_text(json.dumps(report, indent=1) + "\n")
-        plot(rows, report["memory"], RESULTS / "e2e.png", title, report.get("time_to_first_token", ()))
+        write_report(report)
+        plot(rows, report["memory"], RESULTS / "e2e.png", title, report.get("time_to_first_token", ()),
+             long_rows(report))
 
+    save()
+    # (the decode caches are freed; the long part allocates two 128K caches of its own)
+    report["long_decode"] = long_decode(ensure_models(long=True), args.threads, args.steps, rng)
     save()
     report["memory"] = peak_memory(folders, CONTEXTS[-1], args.threads, args.steps)
     save()

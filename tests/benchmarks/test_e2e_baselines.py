@@ -1,4 +1,4 @@
-"""bench_e2e's own pieces on tiny exports: ONNX Runtime's int8-cache GroupQueryAttention variant decodes what its float16 twin decodes, the synthetic int8 fill bounds what the cache holds, and --only-ttft merges a run into earlier rows."""
+"""bench_e2e's own pieces on tiny exports: ONNX Runtime's int8-cache GroupQueryAttention variant decodes what its float16 twin decodes, the synthetic int8 fill bounds what the cache holds, the long-context run's rows and bound bytes, and --only-ttft merges a run into earlier rows."""
 
 from __future__ import annotations
 
@@ -54,12 +54,17 @@ def test_the_variant_is_refused_for_a_quest_export(tmp_path):
         gqa_int8.write_int8_variant(folder)
 
 
-def test_the_synthetic_int8_fill_bounds_the_keys_the_cache_holds(tmp_path):
-    folder = tmp_path / "int8"
+@pytest.fixture(scope="module")
+def int8_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("e2e") / "int8"
     export_sparse("llama", output=folder, settings=SparseSettings(top_k=2, block_size=16, dense_layers=(0,),
                                                                   kv_dtype="int8"),
                   model=str(tiny_model("llama").checkpoint), capacity=CAPACITY, log=lambda *a, **k: None)
-    model = QuestModel(folder, threads=1)
+    return folder
+
+
+def test_the_synthetic_int8_fill_bounds_the_keys_the_cache_holds(int8_folder):
+    model = QuestModel(int8_folder, threads=1)
     cache = model.new_cache(1, CAPACITY)
     bench_e2e.fill(cache, CONTEXT, 16, np.random.default_rng(0))
     sparse = [layer for layer in cache.layers if layer.block_max is not None]
@@ -75,6 +80,33 @@ def test_the_synthetic_int8_fill_bounds_the_keys_the_cache_holds(tmp_path):
         assert (layer.block_max[0, :, :blocks] * scale >= np.nanmax(by_block, axis=2)).all()
         assert (layer.block_min[0, :, :blocks] * scale <= np.nanmin(by_block, axis=2)).all()
     model.step(cache, np.array([[3]], np.int64))  # and the model decodes from it
+
+
+def test_the_long_run_times_each_context_against_the_first_and_counts_every_block_bound(int8_folder, gqa_folder,
+                                                                                      monkeypatch):
+    contexts = (40, 150)
+    monkeypatch.setattr(bench_e2e, "LONG_CONTEXTS", contexts)
+    monkeypatch.setattr(bench_e2e, "LONG_CAPACITY", CAPACITY)
+    run = bench_e2e.long_decode({"quest-int8": int8_folder, "gqa-int8": gqa_folder}, threads=1, steps=1,
+                                rng=np.random.default_rng(0))
+    assert [(row["model"], row["context"]) for row in run["rows"]] == [
+        (kind, context) for context in contexts for kind in bench_e2e.LONG_KINDS]
+    assert all(row["over_first_context"] == 1.0 for row in run["rows"] if row["context"] == contexts[0])
+    assert run["capacity"] == CAPACITY and run["selection"] == "flat"
+    # int8 bounds: a max and a min code per channel and an exponent per block, of every block held
+    cache = QuestModel(int8_folder, threads=1).new_cache(1, CAPACITY)
+    sparse = [layer for layer in cache.layers if layer.block_max is not None]
+    per_block = sum(layer.block_max[0, :, 0].nbytes + layer.block_min[0, :, 0].nbytes
+                    + layer.block_exponent[0, :, 0].nbytes for layer in sparse)
+    assert run["bound_bytes_per_step"] == {str(c): -(-c // 16) * per_block for c in contexts}
+
+
+def test_the_long_run_says_it_did_not_measure_when_the_caches_would_not_fit(int8_folder, gqa_folder, monkeypatch):
+    monkeypatch.setattr(bench_e2e, "LONG_CAPACITY", CAPACITY)
+    monkeypatch.setattr(bench_e2e, "available_memory", lambda: bench_e2e.LONG_HEADROOM)  # the caches do not fit
+    run = bench_e2e.long_decode({"quest-int8": int8_folder, "gqa-int8": gqa_folder}, threads=1, steps=1,
+                                rng=np.random.default_rng(0))
+    assert run["rows"] == [] and "available" in run["not_measured"]
 
 
 def test_a_time_to_first_token_run_replaces_what_it_measures_and_marks_what_it_keeps():
