@@ -295,8 +295,9 @@ eval-prefill: install
 	$(call install-weights,qwen2.5-coder)
 	OPENBLAS_NUM_THREADS=1 $(PY) -m benchmarks.eval_prefill $(PREFILL_ARGS)
 
-# What an exact superblock pruning of the block bounds could leave unread on real caches (issue 43's
-# hierarchical bounds, measured before any kernel): benchmarks/results/pruning.json, about 10 minutes.
+# What a superblock pruning of the block bounds could leave unread on real caches, exactly or
+# approximately, and what the approximate selections keep (issue 43's hierarchical bounds, measured
+# before any kernel): benchmarks/results/pruning.json, about 10 minutes.
 eval-pruning: install
 	$(call install-weights,smollm2)
 	$(call install-weights,qwen2.5-coder)

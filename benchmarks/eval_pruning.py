@@ -22,7 +22,15 @@ any kernel is written:
   share of those K blocks whose score reaches the K-th best block score: 1 when the approximate
   selection equals the flat one (blocks of equal score, as the repeated caches' copies, count alike);
   *attention mass*: the share of the decode query's softmax attention (scale 1/sqrt(D), over the
-  prompt's keys as the cache holds them) that the flat and the approximate selections' blocks hold;
+  prompt's keys as the cache holds them) that the flat and the approximate selections' blocks hold.
+  Its bytes count per query head; a kernel, which reads a KV head's bounds once for its group of
+  query heads, would read the union of the group's candidates (*group bytes*);
+- *design*: the two-level selection a kernel would build, whose bound reads count per KV head (a
+  kernel reads a KV head's bounds once for its group of query heads): every superblock bound, then
+  the fine bounds of CANDIDATES_PER_SELECTED x K blocks' worth of superblocks, shared by the group
+  and ranked by the max over its heads' superblock scores; each head selects its K best blocks among
+  them. Where those candidates would be every superblock it is the flat selection, exactly (below
+  16K tokens at the default K = 128, P = 8). Its recall and attention mass, per query head;
 - longer contexts as the issue defines them: the prompt's cache repeated `--repeats` times (its
   block bounds tiled), the query the same.
 
@@ -51,6 +59,7 @@ BUDGETS_IN_PAGES = (8, 32)  # --k 8 (256 tokens, the default until --k counted p
 SUPERBLOCKS = (8, 16, 32)  # blocks per superblock
 REPEATS = (1, 4, 16)
 APPROXIMATE_BYTES = 0.25  # the approximate selection's bound reads, a share of the flat selection's (issue 43)
+CANDIDATES_PER_SELECTED = 16  # the design's candidate blocks per block selected (the 128K rows' ratio above)
 QUERY_VARIANT = "model.select-queries.onnx"
 
 
@@ -132,56 +141,95 @@ def block_attention(query: np.ndarray, keys: np.ndarray, block_size: int) -> np.
     return np.add.reduceat(weights, np.arange(0, keys.shape[0], block_size))
 
 
-def approximate_selection(scores: np.ndarray, super_scores: np.ndarray, keep: int, size: int) -> tuple[np.ndarray, int]:
-    """(the blocks the approximate selection picks, fine-bound blocks it reads): the best
+def members_of(superblocks: np.ndarray, size: int, blocks: int) -> np.ndarray:
+    """The blocks of `superblocks`, ascending (a partial last superblock's that exist)."""
+    members = (superblocks[:, None] * size + np.arange(size)).reshape(-1)
+    return members[members < blocks]
+
+
+def approximate_selection(scores: np.ndarray, super_scores: np.ndarray, keep: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the blocks the approximate selection picks, the blocks whose fine bounds it reads): the best
     superblocks by score (ties to the lower index) within APPROXIMATE_BYTES of the flat bytes, then
     the `keep` best of their blocks."""
     blocks = scores.size
     candidates = max(int((APPROXIMATE_BYTES * blocks - super_scores.size) // size), -(-keep // size))
-    chosen = np.sort(np.argsort(-super_scores, kind="stable")[:candidates])
-    members = (chosen[:, None] * size + np.arange(size)).reshape(-1)
-    members = members[members < blocks]
-    return members[np.argsort(-scores[members], kind="stable")[:keep]], members.size
+    members = members_of(np.sort(np.argsort(-super_scores, kind="stable")[:candidates]), size, blocks)
+    return members[np.argsort(-scores[members], kind="stable")[:keep]], members
+
+
+def group_candidates(super_scores: list[np.ndarray], keep: int, size: int) -> np.ndarray | None:
+    """The design's candidate superblocks of one KV head, ascending: the CANDIDATES_PER_SELECTED * keep
+    blocks' worth of superblocks ranked best by the max over the group's heads' superblock scores (ties
+    to the lower index); None when they would be every superblock (the flat selection, exactly)."""
+    count = -(-CANDIDATES_PER_SELECTED * keep // size)
+    if count >= super_scores[0].size:
+        return None
+    group_best = np.max(super_scores, axis=0)
+    return np.sort(np.argsort(-group_best, kind="stable")[:count])
 
 
 def pruning(layers, top_k: int, size: int, repeats: int, block_size: int = 8) -> dict:
     """Fractions of the flat selection's bound reads, summed over layers and query heads (`layers`:
     (query, block maxima, block minima[, keys]) each; with keys, the attention mass the selections
-    hold, averaged over layers and query heads)."""
+    hold, averaged over layers and query heads). The design's fractions are per KV head, as a kernel
+    reads bounds: once for the group's heads."""
     must, holding, superblocks, total = 0, 0, 0, 0
     recalled, selected, approximate_reads, flat_mass, approximate_mass, heads_seen = 0, 0, 0, 0.0, 0.0, 0
+    design_reads, design_total, design_recalled, design_mass, union_reads = 0, 0, 0, 0.0, 0
     for query, block_max, block_min, *held in layers:
         heads, kv_heads = query.shape[0], block_max.shape[0]
-        for h in range(heads):
-            n = h // (heads // kv_heads)
+        group = heads // kv_heads
+        for n in range(kv_heads):
             top, bottom = np.tile(block_max[n], (repeats, 1)), np.tile(block_min[n], (repeats, 1))
             blocks = top.shape[0]
-            scores = head_scores(query[h], top, bottom)
             keep = min(top_k, blocks)
-            kth = np.partition(scores, blocks - keep)[blocks - keep]
             super_top, super_bottom = superblock_bounds(top, bottom, size)
-            super_scores = head_scores(query[h], super_top, super_bottom)
-            if np.any(np.repeat(super_scores, size)[:blocks] < scores):
-                raise AssertionError("a superblock score below one of its blocks' scores")
-            best = np.argsort(-scores, kind="stable")[:keep]
-            must += int((super_scores >= kth).sum()) * size
-            holding += len(np.unique(best // size)) * size
-            superblocks += super_scores.size
-            total += blocks
-            picked, reads = approximate_selection(scores, super_scores, keep, size)
-            recalled, selected = recalled + int((scores[picked] >= kth).sum()), selected + keep
-            approximate_reads += reads
-            if held:  # the repeated cache's softmax gives each copy of a block 1/repeats of its mass
-                mass = np.tile(block_attention(query[h], held[0][n], block_size), repeats) / repeats
-                flat_mass += float(mass[best].sum())
-                approximate_mass += float(mass[picked].sum())
-                heads_seen += 1
+            mass = None
+            heads_of_group, read_by_group = [], np.zeros(0, np.int64)
+            for h in range(n * group, (n + 1) * group):
+                scores = head_scores(query[h], top, bottom)
+                kth = np.partition(scores, blocks - keep)[blocks - keep]
+                super_scores = head_scores(query[h], super_top, super_bottom)
+                if np.any(np.repeat(super_scores, size)[:blocks] < scores):
+                    raise AssertionError("a superblock score below one of its blocks' scores")
+                best = np.argsort(-scores, kind="stable")[:keep]
+                must += int((super_scores >= kth).sum()) * size
+                holding += len(np.unique(best // size)) * size
+                superblocks += super_scores.size
+                total += blocks
+                picked, read = approximate_selection(scores, super_scores, keep, size)
+                recalled, selected = recalled + int((scores[picked] >= kth).sum()), selected + keep
+                approximate_reads += read.size
+                read_by_group = np.union1d(read_by_group, read)
+                if held:  # the repeated cache's softmax gives each copy of a block 1/repeats of its mass
+                    mass = np.tile(block_attention(query[h], held[0][n], block_size), repeats) / repeats
+                    flat_mass += float(mass[best].sum())
+                    approximate_mass += float(mass[picked].sum())
+                    heads_seen += 1
+                heads_of_group.append((scores, super_scores, kth, best, mass))
+            candidates = group_candidates([g[1] for g in heads_of_group], keep, size)
+            design_total += blocks
+            union_reads += super_top.shape[0] + read_by_group.size
+            design_reads += blocks if candidates is None else super_top.shape[0] + members_of(candidates, size, blocks).size
+            for scores, _, kth, best, mass in heads_of_group:
+                if candidates is None:
+                    picked = best
+                else:
+                    members = members_of(candidates, size, blocks)
+                    picked = members[np.argsort(-scores[members], kind="stable")[:keep]]
+                design_recalled += int((scores[picked] >= kth).sum())
+                if mass is not None:
+                    design_mass += float(mass[picked].sum())
     masses = dict(flat_attention_mass=round(flat_mass / heads_seen, 4),
-                  approximate_attention_mass=round(approximate_mass / heads_seen, 4)) if heads_seen else {}
+                  approximate_attention_mass=round(approximate_mass / heads_seen, 4),
+                  design_attention_mass=round(design_mass / heads_seen, 4)) if heads_seen else {}
     return dict(must_read_fraction=round(must / total, 3), holding_top_k_fraction=round(holding / total, 3),
                 bytes_fraction=round((must + superblocks) / total, 3),
                 approximate_bytes_fraction=round((approximate_reads + superblocks) / total, 3),
-                approximate_recall=round(recalled / selected, 4), **masses)
+                approximate_recall=round(recalled / selected, 4),
+                approximate_group_bytes_fraction=round(union_reads / design_total, 3),
+                design_bytes_fraction=round(design_reads / design_total, 3),
+                design_recall=round(design_recalled / selected, 4), **masses)
 
 
 def main(argv=None):
@@ -217,9 +265,10 @@ def main(argv=None):
                     print(f"{name} {row['context']:7d} tokens  --k {pages:2d} (K={top_k:3d})  S={size:2d}:  must read "
                           f"{row['must_read_fraction']:.3f}, holding the top K {row['holding_top_k_fraction']:.3f}, "
                           f"bytes with the superblocks {row['bytes_fraction']:.3f}; approximate: bytes "
-                          f"{row['approximate_bytes_fraction']:.3f}, recall {row['approximate_recall']:.4f}; attention mass held: "
-                          f"flat {row['flat_attention_mass']:.4f}, approximate {row['approximate_attention_mass']:.4f}",
-                          flush=True)
+                          f"{row['approximate_bytes_fraction']:.3f} (group {row['approximate_group_bytes_fraction']:.3f}), recall {row['approximate_recall']:.4f}; attention mass held: "
+                          f"flat {row['flat_attention_mass']:.4f}, approximate {row['approximate_attention_mass']:.4f}; "
+                          f"design: bytes {row['design_bytes_fraction']:.3f}, recall {row['design_recall']:.4f}, "
+                          f"attention mass {row['design_attention_mass']:.4f}", flush=True)
         report["models"][name] = dict(prompt_tokens=len(prompt), sparse_layers=len(layers),
                                       query_heads=int(layers[0][0].shape[0]), rows=rows,
                                       seconds=round(time.time() - begin))

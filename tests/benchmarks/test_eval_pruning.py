@@ -82,3 +82,42 @@ def test_attention_mass_sums_per_block_and_follows_the_selection():
     measured = eval_pruning.pruning(layers, 1, 8, repeats=2)
     # two copies of block 37, each holding half the mass; K = 1 selects one of them
     assert measured["flat_attention_mass"] == measured["approximate_attention_mass"] == pytest.approx(0.5, abs=1e-3)
+
+
+@pytest.mark.parametrize("top_k, size", [(4, 8), (8, 16), (200, 8)])
+def test_design_is_the_flat_selection_while_its_candidates_cover_every_superblock(top_k, size):
+    """50 blocks: 16 x K candidate blocks cover every superblock, so the design reads and selects as flat."""
+    rng = np.random.default_rng(top_k * size)
+    top, bottom = _bounds(rng, 50, 16)
+    keys = rng.standard_normal((1, 50 * 8, 16)).astype(np.float32)
+    layers = [(rng.standard_normal((2, 16)).astype(np.float32), top[None], bottom[None], keys)]
+    measured = eval_pruning.pruning(layers, top_k, size, 1)
+    assert measured["design_bytes_fraction"] == 1 and measured["design_recall"] == 1
+    assert measured["design_attention_mass"] == measured["flat_attention_mass"]
+
+
+def test_design_candidates_are_shared_by_the_groups_best_superblock_scores():
+    """Two heads of one KV head, each with one far block along its own channel (superblocks 2 and 5 of
+    eight): K = 1 gives two candidate superblocks, the group's best, and each head finds its block."""
+    top = np.full((64, 2), 0.01, np.float32)
+    top[2 * 8 + 3, 0] = 10.0
+    top[5 * 8 + 6, 1] = 10.0
+    query = np.eye(2, dtype=np.float32)
+    measured = eval_pruning.pruning([(query, top[None], -top[None])], 1, 8, 1)
+    assert measured["design_recall"] == 1
+    assert measured["design_bytes_fraction"] == (8 + 2 * 8) / 64
+    # with one head's block in a superblock the other head's loose bound outranks, a head can lose it
+    top[5 * 8 + 6, 1] = 0.02
+    top[7 * 8, 0] = 9.0  # head 0's second-best superblock: 7 now outranks 5 for the group
+    assert eval_pruning.pruning([(query, top[None], -top[None])], 1, 8, 1)["design_recall"] == 0.5
+
+
+def test_group_bytes_count_the_union_of_the_heads_candidates():
+    """Two heads of one KV head preferring different superblocks: per head each reads its own quarter,
+    the group the union of both."""
+    top = np.full((64, 2), 0.01, np.float32)
+    top[2 * 8 + 3, 0] = top[5 * 8 + 6, 1] = 10.0
+    measured = eval_pruning.pruning([(np.eye(2, dtype=np.float32), top[None], -top[None])], 1, 8, 1)
+    # 8 superblocks, then (0.25 * 64 - 8) // 8 = 1 superblock of fine bounds per head
+    assert measured["approximate_bytes_fraction"] == (8 + 8) / 64
+    assert measured["approximate_group_bytes_fraction"] == (8 + 2 * 8) / 64
