@@ -317,8 +317,10 @@ def run_harder_retrieval(suite: Suite, plan: Plan, clock: Clock) -> dict:
     models = {"default": suite.default, "dense": suite.dense}
     lengths = sorted(plan.lengths)
     prompts = quality_retrieval.multi_key_prompts(suite.tokenizer, lengths, len(plan.depths))
-    rows = quality_retrieval.run_multi_key(models, suite.tokenizer, prompts, quality_retrieval.MULTI_KEY_ANSWER_TOKENS)
-    rows += quality_retrieval.run_asked_twice(models, suite.tokenizer, lengths, plan.depths, ANSWER_TOKENS)
+    rows = quality_retrieval.run_multi_key(models, suite.tokenizer, prompts, quality_retrieval.MULTI_KEY_ANSWER_TOKENS,
+                                           log=lambda message: clock.log(f"{suite.name}: {message}"))
+    rows += quality_retrieval.run_asked_twice(models, suite.tokenizer, lengths, plan.depths, ANSWER_TOKENS,
+                                              log=lambda message: clock.log(f"{suite.name}: {message}"))
     hits = {(task, label): sum(r["hit"] for r in rows if r["task"] == task and r["model"] == label)
             for task in ("multi-key", "asked twice") for label in models}
     clock.log(f"{suite.name}: harder retrieval (dense / default): multi-key {hits['multi-key', 'dense']} / "

@@ -75,27 +75,32 @@ def second_turn(tokenizer, first_messages: list[dict], reply: str) -> list[int]:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
-def run_multi_key(models: dict, tokenizer, prompts: list[MultiKeyPrompt], answer_tokens: int) -> list[dict]:
-    """Every prompt through `Generator(model).generate` of each of `models` (label -> model)."""
+def run_multi_key(models: dict, tokenizer, prompts: list[MultiKeyPrompt], answer_tokens: int,
+                  log=lambda message: None) -> list[dict]:
+    """Every prompt through `Generator(model).generate` of each of `models` (label -> model); `log`
+    gets a progress line per prompt (an 8K prompt takes minutes)."""
     from quest_ort.runtime.generate import Generator, Sampling
 
     sampling = Sampling(max_new_tokens=answer_tokens)
     rows = []
     for label, model in models.items():
         generator = Generator(model)
-        for prompt in prompts:
+        for done, prompt in enumerate(prompts, 1):
             answer = tokenizer.decode(generator.generate([list(prompt.ids)], sampling)[0], skip_special_tokens=True)
             others = [key for lock, key in enumerate(prompt.keys) if lock != prompt.asked]
             rows.append(dict(task="multi-key", model=label, length=prompt.length, asked=LOCKS[prompt.asked],
                              depth=prompt.depths[prompt.asked], key=prompt.key, answer=answer.strip(),
                              hit=prompt.key in answer,
                              confused=prompt.key not in answer and any(key in answer for key in others)))
+            log(f"multi-key, {label}: {done} of {len(prompts)} prompts ({prompt.length} tokens: "
+                f"{'found' if rows[-1]['hit'] else 'missed'})")
     return rows
 
 
-def run_asked_twice(models: dict, tokenizer, lengths, depths, answer_tokens: int) -> list[dict]:
+def run_asked_twice(models: dict, tokenizer, lengths, depths, answer_tokens: int,
+                    log=lambda message: None) -> list[dict]:
     """A pass-key prompt per (length, depth), its reply, then the key asked again; through
-    `Generator(model).generate` of each of `models`."""
+    `Generator(model).generate` of each of `models`; `log` gets a progress line per conversation."""
     from quest_ort.runtime.generate import Generator, Sampling
 
     sampling = Sampling(max_new_tokens=answer_tokens)
@@ -113,6 +118,9 @@ def run_asked_twice(models: dict, tokenizer, lengths, depths, answer_tokens: int
                 rows.append(dict(task="asked twice", model=label, length=length, depth=depth, key=key,
                                  first_answer=reply, second_answer=again, first_hit=key in reply,
                                  hit=key in again))
+                log(f"asked twice, {label}: {sum(r['model'] == label for r in rows)} of "
+                    f"{len(lengths) * len(depths)} conversations ({length} tokens: "
+                    f"{'found' if rows[-1]['hit'] else 'missed'} the second time)")
     return rows
 
 

@@ -379,9 +379,9 @@ def test_the_second_turn_holds_the_first_its_reply_and_the_question_again():
     assert second.startswith(tokenizer.decode(first)) and second.endswith("It is 12345." + retrieval.AGAIN)
 
 
-def test_harder_retrieval_runs_through_generator_and_its_table_counts(suite, monkeypatch):
+def test_harder_retrieval_runs_through_generator_and_its_table_counts(suite, monkeypatch, capsys):
     """The rows of both tasks for both models (the tiny model answers at random: what is checked is
-    that every prompt ran and the table counts what the rows say)."""
+    that every prompt ran, said so as it went, and the table counts what the rows say)."""
     from benchmarks import quality_retrieval as retrieval
 
     monkeypatch.setattr(suite, "tokenizer", ChatByteTokenizer())
@@ -391,6 +391,11 @@ def test_harder_retrieval_runs_through_generator_and_its_table_counts(suite, mon
     harder = eval_quality.run_harder_retrieval(suite, plan, eval_quality.Clock())
     rows = harder["rows"]
     assert len(rows) == 2 * (2 + 2)  # (2 multi-key prompts + 2 asked-twice conversations) x (default, dense)
+    progress = capsys.readouterr().out
+    for label in ("default", "dense"):
+        for done in (1, 2):
+            assert f"multi-key, {label}: {done} of 2 prompts (560 tokens: " in progress
+            assert f"asked twice, {label}: {done} of 2 conversations (560 tokens: " in progress
     for row in rows:
         answer = row["answer"] if row["task"] == "multi-key" else row["second_answer"]
         assert row["hit"] == (row["key"] in answer)
