@@ -96,9 +96,11 @@ def test_design_is_the_flat_selection_while_its_candidates_cover_every_superbloc
     assert measured["design_attention_mass"] == measured["flat_attention_mass"]
 
 
-def test_design_candidates_are_shared_by_the_groups_best_superblock_scores():
+def test_design_candidates_are_the_heads_best_superblocks_taken_in_turn():
     """Two heads of one KV head, each with one far block along its own channel (superblocks 2 and 5 of
-    eight): K = 1 gives two candidate superblocks, the group's best, and each head finds its block."""
+    eight): K = 1 gives two candidate superblocks, each head's best, and each head finds its block,
+    even where the other head's bounds are far larger than its own (a max over the group would pick
+    the other head's two best superblocks)."""
     top = np.full((64, 2), 0.01, np.float32)
     top[2 * 8 + 3, 0] = 10.0
     top[5 * 8 + 6, 1] = 10.0
@@ -106,10 +108,17 @@ def test_design_candidates_are_shared_by_the_groups_best_superblock_scores():
     measured = eval_pruning.pruning([(query, top[None], -top[None])], 1, 8, 1)
     assert measured["design_recall"] == 1
     assert measured["design_bytes_fraction"] == (8 + 2 * 8) / 64
-    # with one head's block in a superblock the other head's loose bound outranks, a head can lose it
     top[5 * 8 + 6, 1] = 0.02
-    top[7 * 8, 0] = 9.0  # head 0's second-best superblock: 7 now outranks 5 for the group
-    assert eval_pruning.pruning([(query, top[None], -top[None])], 1, 8, 1)["design_recall"] == 0.5
+    top[7 * 8, 0] = 9.0  # head 0's second-best superblock: by the group's max it would outrank 5
+    assert eval_pruning.pruning([(query, top[None], -top[None])], 1, 8, 1)["design_recall"] == 1
+
+
+def test_candidates_in_turn_skip_a_superblock_already_taken():
+    scores = [np.array([5.0, 4, 3, 2, 1]), np.array([5.0, 1, 4, 3, 2]), np.array([0.0, 0, 0, 0, 9])]
+    # 16 x K = 32 blocks: 4 superblocks of 8, taken in turn: head 0 -> 0, head 1 -> 0 (taken),
+    # head 2 -> 4, head 0 -> 1, head 1 -> 2
+    np.testing.assert_array_equal(eval_pruning.group_candidates(scores, 2, 8), [0, 1, 2, 4])
+    assert eval_pruning.group_candidates(scores, 3, 8) is None  # 48 blocks: every superblock
 
 
 def test_group_bytes_count_the_union_of_the_heads_candidates():
