@@ -28,8 +28,9 @@ any kernel is written:
 - *design*: the two-level selection a kernel would build, whose bound reads count per KV head (a
   kernel reads a KV head's bounds once for its group of query heads): every superblock bound, then
   the fine bounds of CANDIDATES_PER_SELECTED x K blocks' worth of superblocks, shared by the group,
-  its heads taking their best superblocks in turn; each head selects its K best blocks among them. Where those candidates would be every superblock it is the flat selection, exactly (below
-  16K tokens at the default K = 128, P = 8). Its recall and attention mass, per query head;
+  its heads taking their best superblocks in turn; each head selects its K best blocks among them.
+  Where those candidates would be every superblock it is the flat selection, exactly (below 16K
+  tokens at the default K = 128, P = 8). Its recall and attention mass, per query head;
 - longer contexts as the issue defines them: the prompt's cache repeated `--repeats` times (its
   block bounds tiled), the query the same.
 
@@ -161,8 +162,8 @@ def group_candidates(super_scores: list[np.ndarray], keep: int, size: int) -> np
     blocks' worth of superblocks, the group's heads taking their best in turn (each head's ranking by
     its own superblock score, ties to the lower index; one already taken is skipped). None when they
     would be every superblock (the flat selection, exactly). In turns rather than by the group's max
-    score: a head whose bounds are small keeps its own best superblocks (at 128K, Qwen2.5-Coder's groups
-    of 7 held 0.708 of the attention so, flat 0.703, against 0.681 by the max)."""
+    score: a head whose bounds are small keeps its own best superblocks (at 128K, Qwen2.5-Coder's
+    groups of 7 held 0.708 of the attention so, flat 0.703, against 0.681 by the max)."""
     count = -(-CANDIDATES_PER_SELECTED * keep // size)
     if count >= super_scores[0].size:
         return None
