@@ -173,6 +173,18 @@ def group_candidates(super_scores: list[np.ndarray], keep: int, size: int) -> np
     return np.sort(in_turn[np.sort(first)[:count]])
 
 
+def design_selection(heads, keep: int, size: int) -> tuple[int, list[np.ndarray]]:
+    """(the blocks whose bounds the design reads, superblocks counted as blocks; each head's picks) for
+    one KV head's `heads`: (block scores, superblock scores, the flat selection) each."""
+    blocks, superblocks = heads[0][0].size, heads[0][1].size
+    candidates = group_candidates([super_scores for _, super_scores, _ in heads], keep, size)
+    if candidates is None:
+        return blocks, [best for _, _, best in heads]
+    members = members_of(candidates, size, blocks)
+    return superblocks + members.size, [members[np.argsort(-scores[members], kind="stable")[:keep]]
+                                        for scores, _, _ in heads]
+
+
 def pruning(layers, top_k: int, size: int, repeats: int, block_size: int = 8) -> dict:
     """Fractions of the flat selection's bound reads, summed over layers and query heads (`layers`:
     (query, block maxima, block minima[, keys]) each; with keys, the attention mass the selections
@@ -212,16 +224,11 @@ def pruning(layers, top_k: int, size: int, repeats: int, block_size: int = 8) ->
                     approximate_mass += float(mass[picked].sum())
                     heads_seen += 1
                 heads_of_group.append((scores, super_scores, kth, best, mass))
-            candidates = group_candidates([g[1] for g in heads_of_group], keep, size)
+            reads, picks = design_selection([(g[0], g[1], g[3]) for g in heads_of_group], keep, size)
             design_total += blocks
+            design_reads += reads
             union_reads += super_top.shape[0] + read_by_group.size
-            design_reads += blocks if candidates is None else super_top.shape[0] + members_of(candidates, size, blocks).size
-            for scores, _, kth, best, mass in heads_of_group:
-                if candidates is None:
-                    picked = best
-                else:
-                    members = members_of(candidates, size, blocks)
-                    picked = members[np.argsort(-scores[members], kind="stable")[:keep]]
+            for (scores, _, kth, _, mass), picked in zip(heads_of_group, picks, strict=True):
                 design_recalled += int((scores[picked] >= kth).sum())
                 if mass is not None:
                     design_mass += float(mass[picked].sum())
