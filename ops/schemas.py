@@ -221,6 +221,14 @@ SPARSE_BLOCK_SELECT = OpSpec(
         _EXACT_LENS,
         _BLOCK_EXPONENT,
         _CHUNK_LENS,
+        Tensor("super_max", "TC", ("B", "N", "MS", "D"),
+               "per-superblock channel max: QuestMetadata's at block size P * U (hierarchical selection)",
+               optional=True),
+        Tensor("super_min", "TC", ("B", "N", "MS", "D"),
+               "per-superblock channel min: QuestMetadata's at block size P * U (with super_max)", optional=True),
+        Tensor("super_exponent", "int8", ("B", "N", "MS"),
+               "per-superblock power of two of int8 superblock bounds (int8 bounds with super_max only)",
+               optional=True),
     ),
     outputs=(
         Tensor("block_indices", "int32", ("B", "R", "S", "K"),
@@ -279,10 +287,15 @@ SPARSE_BLOCK_SELECT = OpSpec(
                   "sink_blocks)", default=16, minimum=0),
         Attribute("chunk_pool", "int", "consecutive queries of a chunk averaged into one scoring row per head",
                   default=16, minimum=1),
+        Attribute("superblock_size", "int", "blocks per superblock U of super_max/super_min", default=8, minimum=1),
+        Attribute("candidate_factor", "int", "with super_max: a query ranks blocks of candidate_factor * top_k "
+                  "blocks' worth of superblocks, chosen by superblock score (approximate past that many)",
+                  default=16, minimum=1),
     ),
     symbol_attrs={"H": "num_heads", "N": "kv_num_heads", "P": "block_size", "K": "top_k", "Q": "chunk_size",
-                  "KC": "chunk_top_k"},
-    derived=(Derived("R", "pick", "N", "H", when=("group_reduce", "none")), Derived("NC", "ceil_div", "S", "Q")),
+                  "KC": "chunk_top_k", "U": "superblock_size"},
+    derived=(Derived("R", "pick", "N", "H", when=("group_reduce", "none")), Derived("NC", "ceil_div", "S", "Q"),
+             Derived("MS", "ceil_div", "M", "U")),
     cache_types=CACHE_TYPES,
 )
 

@@ -272,6 +272,9 @@ def sparse_block_select_body(
     exact_lens=None,
     block_exponent=None,
     chunk_lens=None,
+    super_max=None,
+    super_min=None,
+    super_exponent=None,
     *,
     num_heads: int,
     kv_num_heads: int,
@@ -290,9 +293,19 @@ def sparse_block_select_body(
     chunk_sink: int = 16,
     chunk_pool: int = 16,
     chunk_floor: int = 64,
+    superblock_size: int = 8,
+    candidate_factor: int = 16,
     with_chunks: bool = False,
 ):
     """block_indices, and with `with_chunks` (the node has output chunk_indices) chunk_indices too."""
+    if (super_max is None) != (super_min is None):
+        raise ValueError("SparseBlockSelect: inputs 'super_max' and 'super_min' come together")
+    if super_max is not None and score == "probe":
+        raise ValueError("SparseBlockSelect: score='probe' takes no superblocks")
+    if super_max is not None and (block_exponent is None) != (super_exponent is None):
+        raise ValueError("SparseBlockSelect: 'super_exponent' comes with int8 bounds ('block_exponent'), and only then")
+    superblocks = None if super_max is None else (super_max, super_min, super_exponent, superblock_size,
+                                                  candidate_factor)
     if int8_bounds("SparseBlockSelect", block_max, block_exponent) and score == "probe":
         raise ValueError("SparseBlockSelect: score='probe' needs float bounds (its 'key_cache' shares their type); "
                          "got int8 bounds ('block_exponent' given)")
@@ -304,7 +317,8 @@ def sparse_block_select_body(
                                   key, exact_lens, block_exponent, chunk_lens, num_heads=num_heads,
                                   kv_num_heads=kv_num_heads, block_size=block_size, top_k=top_k,
                                   sink_blocks=sink_blocks, recent_blocks=recent_blocks, group_reduce=group_reduce,
-                                  importance_fraction=importance_fraction, score=score, num_probes=num_probes)
+                                  importance_fraction=importance_fraction, score=score, num_probes=num_probes,
+                                  superblocks=superblocks)
     if not with_chunks:
         return per_token
     pos, valid = positions(op, past_lens, total_lens, dim(op, query, 2))
@@ -321,8 +335,16 @@ def sparse_block_select_body(
 
 def _per_token_select(op, query, block_max, block_min, past_lens, total_lens, block_importance, key_cache, key,
                       exact_lens, block_exponent, chunk_lens, *, num_heads, kv_num_heads, block_size, top_k,
-                      sink_blocks, recent_blocks, group_reduce, importance_fraction, score, num_probes):
-    """block_indices [B, R, S, K]: the queries that select per token."""
+                      sink_blocks, recent_blocks, group_reduce, importance_fraction, score, num_probes,
+                      superblocks=None, allowed=None):
+    """block_indices [B, R, S, K]: the queries that select per token; step 4 ranks only the blocks
+    `allowed` [B, N, S, M] marks (hierarchical selection, from `superblocks`), or all."""
+    if superblocks is not None:
+        allowed = _candidate_blocks(op, query, block_max, past_lens, total_lens, block_importance, exact_lens,
+                                    chunk_lens, superblocks, num_heads=num_heads, kv_num_heads=kv_num_heads,
+                                    block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
+                                    recent_blocks=recent_blocks, group_reduce=group_reduce,
+                                    importance_fraction=importance_fraction)
     if group_reduce == "none":
         # Each query head alone is the shared policy over its KV head's inputs repeated per query head.
         G = num_heads // kv_num_heads
@@ -336,11 +358,34 @@ def _per_token_select(op, query, block_max, block_min, past_lens, total_lens, bl
             per_head(block_exponent, 3), chunk_lens, num_heads=num_heads,
             kv_num_heads=num_heads, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
             recent_blocks=recent_blocks, group_reduce="mean", importance_fraction=importance_fraction, score=score,
-            num_probes=num_probes)
+            num_probes=num_probes, allowed=per_head(allowed, 4))
     M = dim(op, block_max, 2)
     pos, valid = positions(op, past_lens, total_lens, dim(op, query, 2))
     if score == "probe":  # probes read the keys of every valid position, exact ones included
         probe_valid = valid
+    chosen, remaining, eligible, blocks = _preselect(op, query, block_max, pos, valid, block_importance, exact_lens,
+                                                     chunk_lens, kv_num_heads=kv_num_heads, block_size=block_size,
+                                                     top_k=top_k, sink_blocks=sink_blocks,
+                                                     recent_blocks=recent_blocks,
+                                                     importance_fraction=importance_fraction)
+    if score == "probe":
+        scores = _probe_scores(op, query, key_cache, key, pos, probe_valid, M, num_heads, kv_num_heads, group_reduce,
+                               block_size, num_probes)
+    else:
+        scores = _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce, block_exponent)
+    candidates = op.And(eligible, op.Not(chosen))
+    if allowed is not None:
+        candidates = op.And(candidates, allowed)
+    chosen = op.Or(chosen, op.And(candidates, op.Less(_rank(op, scores, candidates, M), remaining)))
+
+    return _ascending_ids(op, chosen, blocks, M, top_k)
+
+
+def _preselect(op, query, block_max, pos, valid, block_importance, exact_lens, chunk_lens, *, kv_num_heads,
+               block_size, top_k, sink_blocks, recent_blocks, importance_fraction):
+    """Steps 1-3 of every (b, n, query): (chosen [B, N, S, M]: the forced and importance blocks; the
+    budget left for scores [B, N, S, 1]; eligible [B, N, S, M]; blocks [M])."""
+    M = dim(op, block_max, 2)
     if exact_lens is not None:  # queries below exact_lens attend exactly: they select nothing
         valid = op.And(valid, op.GreaterOrEqual(pos, op.Unsqueeze(op.Cast(exact_lens, to=I64), ints(op, 1))))
     if chunk_lens is not None:  # nor do chunk queries: their chunk selects for them
@@ -370,13 +415,65 @@ def _per_token_select(op, query, block_max, block_min, past_lens, total_lens, bl
         picked = op.And(candidates, op.Less(_rank(op, importance, candidates, M), quota))
         chosen = op.Or(chosen, picked)
         remaining = op.Sub(remaining, quota)
+    return chosen, remaining, eligible, blocks
 
-    if score == "probe":
-        scores = _probe_scores(op, query, key_cache, key, pos, probe_valid, M, num_heads, kv_num_heads, group_reduce,
-                               block_size, num_probes)
+
+def _candidate_blocks(op, query, block_max, past_lens, total_lens, block_importance, exact_lens, chunk_lens,
+                      superblocks, *, num_heads, kv_num_heads, block_size, top_k, sink_blocks, recent_blocks,
+                      group_reduce, importance_fraction):
+    """[B, N, S, M] bool: the blocks step 4 may rank (docs/ops.md, hierarchical selection), every
+    block where a query's selection is flat.
+
+    ```
+    superblock scores per row [B,N,R,S,MS] (R = G query heads with 'none', else 1) -_rank over the
+       eligible superblocks-> rank -(* R + r), ReduceMin over R-> turn [B,N,S,MS]
+    steps 1-3's chosen blocks [B,N,S,M] -Pad to MS*U, Reshape [..,MS,U], ReduceMax-> preselected superblocks
+    value = 1 where preselected, else -turn -_rank-> < count, or preselected -> candidate superblocks
+       -Gather(m // U)-> candidate blocks; Or(flat query) -> allowed [B,N,S,M]
+    ```
+    """
+    super_max, super_min, super_exponent, U, factor = superblocks
+    G = num_heads // kv_num_heads
+    M, MS = dim(op, block_max, 2), dim(op, super_max, 2)
+    pos, valid = positions(op, past_lens, total_lens, dim(op, query, 2))
+    chosen, _, _, _ = _preselect(op, query, block_max, pos, valid, block_importance, exact_lens, chunk_lens,
+                                 kv_num_heads=kv_num_heads, block_size=block_size, top_k=top_k,
+                                 sink_blocks=sink_blocks, recent_blocks=recent_blocks,
+                                 importance_fraction=importance_fraction)
+    if group_reduce == "none":  # each query head's own superblock bound: G rows per KV head
+        scores = _bound_scores(op, query, repeat_heads(op, super_max, G, 4), repeat_heads(op, super_min, G, 4),
+                               num_heads, num_heads, "mean",
+                               None if super_exponent is None else repeat_heads(op, super_exponent, G, 3))
+        rows = G
+        scores = op.Reshape(scores, op.Concat(dim(op, query, 0), ints(op, kv_num_heads, G), dim(op, query, 2), MS,
+                                              axis=0))  # [B, N, G, S, MS]
     else:
-        scores = _bound_scores(op, query, block_max, block_min, num_heads, kv_num_heads, group_reduce, block_exponent)
-    candidates = op.And(eligible, op.Not(chosen))
-    chosen = op.Or(chosen, op.And(candidates, op.Less(_rank(op, scores, candidates, M), remaining)))
-
-    return _ascending_ids(op, chosen, blocks, M, top_k)
+        scores = _bound_scores(op, query, super_max, super_min, num_heads, kv_num_heads, group_reduce, super_exponent)
+        rows = 1
+        scores = op.Unsqueeze(scores, ints(op, 2))  # [B, N, 1, S, MS]
+    current = op.Div(pos, const(op, block_size, np.int64))  # [B, S]
+    own_super = op.Unsqueeze(op.Div(current, const(op, U, np.int64)), ints(op, 1, 3))  # [B, 1, S, 1]
+    supers = op.Range(const(op, 0, np.int64), op.Squeeze(MS, ints(op, 0)), const(op, 1, np.int64))  # [MS]
+    eligible_super = op.LessOrEqual(supers, own_super)  # [B, 1, S, MS]
+    turn_shape = op.Concat(op.Shape(scores, end=2), ints(op, rows), op.Shape(scores, start=3), axis=0)
+    ranks = _rank(op, scores, op.Expand(op.Unsqueeze(eligible_super, ints(op, 1)), turn_shape), MS)
+    row_index = const(op, np.arange(rows, dtype=np.int64).reshape(1, 1, rows, 1, 1), np.int64)
+    turn = op.ReduceMin(op.Add(op.Mul(ranks, const(op, rows, np.int64)), row_index), ints(op, 2), keepdims=0)
+    padded = op.Pad(op.Cast(chosen, to=I64), op.Concat(ints(op, 0, 0, 0, 0, 0, 0, 0), op.Sub(op.Mul(MS, ints(op, U)), M),
+                                                      axis=0))
+    chosen_shape = op.Concat(op.Shape(chosen, end=3), MS, ints(op, U), axis=0)
+    preselected = op.Greater(op.ReduceMax(op.Reshape(padded, chosen_shape), ints(op, 4), keepdims=0),
+                             const(op, 0, np.int64))  # [B, N, S, MS]
+    value = op.Where(preselected, const(op, 1.0, np.float32), op.Neg(op.Cast(turn, to=F32)))
+    eligible_shape = op.Shape(preselected)
+    eligible_super = op.Expand(eligible_super, eligible_shape)
+    count = const(op, -(-factor * top_k // U), np.int64)
+    candidate = op.And(eligible_super, op.Or(preselected, op.Less(_rank(op, value, eligible_super, MS), count)))
+    candidate_blocks = op.Gather(op.Cast(candidate, to=I64),
+                                 op.Div(op.Range(const(op, 0, np.int64), op.Squeeze(M, ints(op, 0)),
+                                                 const(op, 1, np.int64)), const(op, U, np.int64)), axis=3)
+    # Flat: every eligible block fits in top_k, or `count` superblocks cover every eligible one.
+    flat = op.Or(op.LessOrEqual(op.Add(current, const(op, 1, np.int64)), const(op, top_k, np.int64)),
+                 op.GreaterOrEqual(count, op.Add(op.Div(current, const(op, U, np.int64)), const(op, 1, np.int64))))
+    flat = op.Unsqueeze(flat, ints(op, 1, 3))  # [B, 1, S, 1]
+    return op.Or(flat, op.Greater(candidate_blocks, const(op, 0, np.int64)))

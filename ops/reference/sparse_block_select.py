@@ -103,11 +103,10 @@ def forced_blocks(current: int, sink_blocks: int, recent_blocks: int) -> list[in
     return order
 
 
-def select_row(scores, importance, current, top_k, sink_blocks, recent_blocks, importance_fraction):
-    """The chosen blocks (ascending) of one (b, n, query position) whose own block is `current`."""
+def preselect(importance, current, top_k, sink_blocks, recent_blocks, importance_fraction):
+    """Steps 2 and 3 of a query whose own block is `current` and whose eligible blocks exceed top_k:
+    (the forced and importance blocks, in the order chosen; the budget left for scores)."""
     eligible = current + 1
-    if eligible <= top_k:
-        return list(range(eligible))
     chosen = forced_blocks(current, sink_blocks, recent_blocks)[:top_k]
     remaining = top_k - len(chosen)
     if importance is not None and remaining > 0:
@@ -115,9 +114,78 @@ def select_row(scores, importance, current, top_k, sink_blocks, recent_blocks, i
         candidates = [m for m in range(eligible) if m not in chosen]
         chosen += rank_order(importance, candidates)[:n_importance]
         remaining -= n_importance
-    candidates = [m for m in range(eligible) if m not in chosen]
+    return chosen, remaining
+
+
+def select_row(scores, importance, current, top_k, sink_blocks, recent_blocks, importance_fraction, allowed=None):
+    """The chosen blocks (ascending) of one (b, n, query position) whose own block is `current`;
+    step 4 ranks only the blocks `allowed` [M] marks (hierarchical selection), or every one."""
+    eligible = current + 1
+    if eligible <= top_k:
+        return list(range(eligible))
+    chosen, remaining = preselect(importance, current, top_k, sink_blocks, recent_blocks, importance_fraction)
+    candidates = [m for m in range(eligible) if m not in chosen and (allowed is None or allowed[m])]
     chosen += rank_order(scores, candidates)[:remaining]
     return sorted(chosen)
+
+
+def candidate_superblocks(super_rows, preselected, current: int, count: int, superblock_size: int):
+    """The superblocks whose blocks step 4 may choose, for a query whose own block is `current`, or
+    None when `count` covers every eligible superblock (the flat selection). `super_rows`: the
+    superblock scores of each selection sharing the candidates (a KV head's G query heads with
+    group_reduce='none', else its one selection). The preselected blocks' superblocks first, then
+    superblocks by turn, min over rows r of rank_r(u) * R + r (the rows taking their best
+    superblocks in turn), until `count` are candidates."""
+    eligible_super = current // superblock_size + 1
+    if count >= eligible_super:
+        return None
+    candidates = {m // superblock_size for m in preselected}
+    rows = len(super_rows)
+    turn = np.full(eligible_super, np.iinfo(np.int64).max, np.int64)
+    for r, scores in enumerate(super_rows):
+        for rank, u in enumerate(rank_order(scores, range(eligible_super))):
+            turn[u] = min(turn[u], rank * rows + r)
+    for u in np.argsort(turn, kind="stable"):
+        if len(candidates) >= count:
+            break
+        candidates.add(int(u))
+    return candidates
+
+
+def candidate_masks(query, super_max, super_min, super_exponent, past_lens, total, exact, block_importance, *,
+                    kv_num_heads, num_blocks, block_size, top_k, sink_blocks, recent_blocks, group_reduce,
+                    importance_fraction, superblock_size, candidate_factor):
+    """[B, N, S, M] bool: the blocks step 4 may choose per (b, n, query), shared by the KV head's
+    selections (docs/ops.md, hierarchical selection); every block where the selection is flat."""
+    B, H, S, _ = query.shape
+    N, G, U, M = kv_num_heads, H // kv_num_heads, superblock_size, num_blocks
+    if group_reduce == "none":  # each query head's own superblock bound, G rows per KV head
+        def per_head(x):
+            return None if x is None else np.repeat(x, G, axis=1)
+
+        scores = bound_scores(query, per_head(super_max), per_head(super_min), H, "mean", per_head(super_exponent))
+        scores = scores.reshape(B, N, G, S, -1)
+    else:
+        scores = bound_scores(query, super_max, super_min, N, group_reduce, super_exponent)[:, :, None]
+    count = -(-candidate_factor * top_k // U)
+    allowed = np.ones((B, N, S, M), bool)
+    for b in range(B):
+        past = int(past_lens[b])
+        for i in range(S):
+            p = past + i
+            current = p // block_size
+            if p >= total[b] or p < exact[b] or current + 1 <= top_k:
+                continue
+            for n in range(N):
+                importance = None if block_importance is None else block_importance[b, n]
+                chosen, _ = preselect(importance, current, top_k, sink_blocks, recent_blocks, importance_fraction)
+                super_rows = [scores[b, n, r, i] for r in range(scores.shape[2])]
+                candidates = candidate_superblocks(super_rows, chosen, current, count, U)
+                if candidates is not None:
+                    allowed[b, n, i] = False
+                    for u in candidates:
+                        allowed[b, n, i, u * U : (u + 1) * U] = True
+    return allowed
 
 
 def chunk_forced_blocks(first: int, last: int, window: int, sinks: int) -> list[int]:
@@ -256,6 +324,11 @@ def sparse_block_select(
     chunk_sink=16,
     chunk_pool=16,
     chunk_floor=64,
+    super_max=None,
+    super_min=None,
+    super_exponent=None,
+    superblock_size=8,
+    candidate_factor=16,
 ):
     """Return block_indices [B, R, S, top_k] int32, and with chunk_lens given also chunk_indices
     [B, N, ceil(S / chunk_size), chunk_top_k]: chosen blocks ascending, -1 padded; R = N, or H with
@@ -272,6 +345,7 @@ def sparse_block_select(
     if block_exponent is not None and score == "probe":
         raise ValueError("score='probe' needs float bounds (its key_cache shares their type); got int8 bounds")
     check_chunk_attributes(chunk_size, chunk_top_k, block_size, chunk_window, chunk_sink)
+    check_superblocks(block_max, super_max, super_min, super_exponent, superblock_size, score)
     total = resolve_total_lens(past_lens, total_lens, query.shape[2], M * block_size, "M * block_size")
     exact = resolve_exact_lens(exact_lens, total)
     chunked = resolve_exact_lens(chunk_lens, total, "chunk_lens")
@@ -286,16 +360,47 @@ def sparse_block_select(
                                sink_blocks=sink_blocks, recent_blocks=recent_blocks, group_reduce=group_reduce,
                                importance_fraction=importance_fraction, key_cache=key_cache, key=key,
                                exact_lens=per_token_exact if chunk_lens is not None else exact_lens,
-                               block_exponent=block_exponent, score=score, num_probes=num_probes)
+                               block_exponent=block_exponent, score=score, num_probes=num_probes,
+                               super_max=super_max, super_min=super_min, super_exponent=super_exponent,
+                               superblock_size=superblock_size, candidate_factor=candidate_factor)
     return indices if chunk_lens is None else (indices, chunks)
+
+
+def check_superblocks(block_max, super_max, super_min, super_exponent, superblock_size, score):
+    """super_max and super_min come together, ceil(M / superblock_size) of them, with an exponent
+    exactly when the bounds are int8; the probe score takes no superblocks."""
+    if (super_max is None) != (super_min is None):
+        raise ValueError("super_max and super_min come together")
+    if super_max is None:
+        if super_exponent is not None:
+            raise ValueError("super_exponent is given without super_max")
+        return
+    if score == "probe":
+        raise ValueError("score='probe' takes no superblocks")
+    wanted = -(-block_max.shape[2] // superblock_size)
+    if super_max.shape[2] != wanted or super_min.shape[2] != wanted:
+        raise ValueError(f"super_max/super_min hold {super_max.shape[2]}/{super_min.shape[2]} superblocks, want "
+                         f"ceil(M / superblock_size) = {wanted}")
+    if (block_max.dtype == np.int8) != (super_exponent is not None):
+        raise ValueError("super_exponent is required with int8 bounds and refused with float ones")
 
 
 def per_token_select(query, block_max, block_min, past_lens, total_lens, block_importance, *, num_heads,
                      kv_num_heads, block_size, top_k, sink_blocks, recent_blocks, group_reduce, importance_fraction,
-                     key_cache, key, exact_lens, block_exponent, score, num_probes):
-    """block_indices [B, R, S, top_k] of the queries that select per token (docs/ops.md)."""
+                     key_cache, key, exact_lens, block_exponent, score, num_probes, super_max=None, super_min=None,
+                     super_exponent=None, superblock_size=8, candidate_factor=16, allowed=None):
+    """block_indices [B, R, S, top_k] of the queries that select per token (docs/ops.md); with
+    superblocks, step 4 of each ranks only its candidates' blocks (`allowed`, [B, N, S, M])."""
     B, H, S, _ = query.shape
     N, M = kv_num_heads, block_max.shape[2]
+    if super_max is not None:
+        total = resolve_total_lens(past_lens, total_lens, S, M * block_size, "M * block_size")
+        allowed = candidate_masks(
+            query, super_max, super_min, super_exponent, past_lens, total, resolve_exact_lens(exact_lens, total),
+            block_importance, kv_num_heads=N, num_blocks=M, block_size=block_size, top_k=top_k,
+            sink_blocks=sink_blocks, recent_blocks=recent_blocks, group_reduce=group_reduce,
+            importance_fraction=importance_fraction, superblock_size=superblock_size,
+            candidate_factor=candidate_factor)
     if group_reduce == "none":
         # Each query head alone is the shared policy over its KV head's inputs, one KV head per query head.
         def per_head(x):
@@ -306,7 +411,7 @@ def per_token_select(query, block_max, block_min, past_lens, total_lens, block_i
             num_heads=H, kv_num_heads=H, block_size=block_size, top_k=top_k, sink_blocks=sink_blocks,
             recent_blocks=recent_blocks, group_reduce="mean", importance_fraction=importance_fraction,
             key_cache=per_head(key_cache), key=per_head(key), exact_lens=exact_lens,
-            block_exponent=per_head(block_exponent), score=score, num_probes=num_probes)
+            block_exponent=per_head(block_exponent), score=score, num_probes=num_probes, allowed=per_head(allowed))
     total = resolve_total_lens(past_lens, total_lens, S, M * block_size, "M * block_size")
     if score == "probe":
         if key_cache is None or key is None:
@@ -337,6 +442,7 @@ def per_token_select(query, block_max, block_min, past_lens, total_lens, block_i
                 row = select_row(
                     row_scores, importance, p // block_size, top_k,
                     sink_blocks, recent_blocks, importance_fraction,
+                    None if allowed is None else allowed[b, n, i],
                 )
                 out[b, n, i, : len(row)] = row
     return out

@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from support.cases import CALLS, CASES, LONG_CASES, REDUCES, with_specials
+from support.cases import CALLS, CASES, HIERARCHY_CASES, LONG_CASES, REDUCES, with_specials
 from support.driver_cases import outputs_of, read_output, total_lens, write_case
 from support.driver_cases import expected as reference_outputs
 from support.tolerances import assert_close, assert_equal, assert_used_blocks_equal
@@ -200,12 +200,14 @@ SPECIAL_CASES = ([c for c in CASES if c.score == "bound" and not c.int8][:10]
                  + [c for c in CASES if c.chunk != "none" and not (c.int8 and c.equal_scores)])
 EDGE_INPUTS = {"no keys give": _bounds_no_keys_give, "non-finite": with_specials, "as built": None}
 # (call, case, inputs) runs at the contract's edges: bounds no keys give on short selections;
-# non-finite numbers on every call; and rows of thousands of blocks, which take the paths short
+# non-finite numbers on every call; rows of thousands of blocks, which take the paths short
 # ones do not (tiles of four blocks, the floor that skips low scores), as QuestMetadata builds them
-# and with both kinds of edge.
+# and with both kinds of edge; the hierarchical selection's edges, as built and non-finite.
 EDGE_RUNS = ([("SparseBlockSelect", case, "no keys give") for case in BOUND_CASES]
              + [(call, case, "non-finite") for case in SPECIAL_CASES for call in CALLS]
-             + [("SparseBlockSelect", case, inputs) for case in LONG_CASES for inputs in EDGE_INPUTS])
+             + [("SparseBlockSelect", case, inputs) for case in LONG_CASES for inputs in EDGE_INPUTS
+                if not (case.int8_bounds and inputs == "no keys give")]  # float bounds' edge (int8: INT8_BOUND_DIMS)
+             + [("SparseBlockSelect", case, inputs) for case in HIERARCHY_CASES for inputs in ("as built", "non-finite")])
 
 
 @pytest.mark.parametrize("machine", list(MACHINES))

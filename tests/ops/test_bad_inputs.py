@@ -272,6 +272,55 @@ def test_bad_int8_bounds_call_is_reported_by_name(op_name, what, change_inputs, 
     assert re.search(culprit, message), f"{what}: nothing matching {culprit!r} in the error message:\n{message}"
 
 
+def _valid_superblocks(int8: bool):
+    """A valid hierarchical SparseBlockSelect call (superblocks of U = 2 blocks: MS = 2), float32 or
+    int8 bounds."""
+    inputs, attributes, _ = _valid_int8_bounds("SparseBlockSelect") if int8 else _valid("SparseBlockSelect")
+    MS = M // 2
+    dtype = np.int8 if int8 else np.float32
+    supers = dict(super_max=np.full((2, N, MS, D), 3, dtype), super_min=np.full((2, N, MS, D), -2, dtype))
+    if int8:
+        supers["super_exponent"] = np.full((2, N, MS), -4, np.int8)
+    return {**inputs, **supers}, dict(attributes, superblock_size=2, candidate_factor=1)
+
+
+SUPERBLOCK_BAD = [
+    # what, int8 bounds, change inputs, change attributes, the culprit (a regex on the message)
+    ("super_max without super_min", False, lambda x: _replace(x, super_min=None), {}, r"'super_max' and 'super_min'"),
+    ("super_min without super_max", True, lambda x: _replace(x, super_max=None), {}, r"'super_max' and 'super_min'"),
+    ("super_exponent without superblocks", True, lambda x: _replace(x, super_max=None, super_min=None), {},
+     r"'super_exponent'"),
+    ("int8 superblocks without super_exponent", True, lambda x: _replace(x, super_exponent=None), {},
+     r"'super_exponent' is required"),
+    ("super_exponent with float bounds", False, lambda x: _replace(x, super_exponent=np.zeros((2, N, M // 2), np.int8)),
+     {}, r"'super_exponent' is given"),
+    ("superblocks of another size", False, lambda x: x, {"superblock_size": 1}, r"'super_max' dim 2"),
+    ("super_min of other heads", False, lambda x: _replace(x, super_min=np.zeros((2, N + 1, M // 2, D), np.float32)),
+     {}, r"'super_min' dim 1"),
+    ("float16 superblocks next to float32 blocks", False,
+     lambda x: _replace(x, super_max=x["super_max"].astype(np.float16), super_min=x["super_min"].astype(np.float16)),
+     {}, r"super_max|super_min"),
+    ("superblocks with the probe score", False,
+     lambda x: _replace(x, key_cache=np.zeros((2, N, C, D), np.float32), key=np.ones((2, N, S, D), np.float32)),
+     {"score": "probe"}, r"probe.*superblocks"),
+    ("superblock_size 0", False, lambda x: x, {"superblock_size": 0}, r"'superblock_size'"),
+    ("candidate_factor 0", False, lambda x: x, {"candidate_factor": 0}, r"'candidate_factor'"),
+]
+
+
+@pytest.mark.parametrize("what, int8, change_inputs, change_attributes, culprit", SUPERBLOCK_BAD,
+                         ids=[b[0] for b in SUPERBLOCK_BAD])
+def test_bad_superblock_call_is_reported_by_name(what, int8, change_inputs, change_attributes, culprit):
+    """The hierarchical selection's inputs and attributes (docs/ops.md, hierarchical selection)."""
+    inputs, attributes = _valid_superblocks(int8)
+    run_op("SparseBlockSelect", inputs, attributes)  # the valid baseline runs
+    with pytest.raises(Exception) as error:
+        run_op("SparseBlockSelect", change_inputs(inputs), {**attributes, **change_attributes}, symbolic_dims=False)
+    message = str(error.value)
+    assert "SparseBlockSelect" in message, f"{what}: the op is not named:\n{message}"
+    assert re.search(culprit, message), f"{what}: nothing matching {culprit!r} in the error message:\n{message}"
+
+
 HUGE = 2**31 - 1  # heads: allowed by the attributes, and empty tensors cost nothing to pass
 
 

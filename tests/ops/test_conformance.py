@@ -14,7 +14,8 @@ import pytest
 
 from quest_ort.ops.reference import quest_metadata, sparse_block_attention, sparse_block_select
 from quest_ort.runtime.single_op import run_op
-from support.cases import CASES, INT8_DTYPES, attention_args, make_data, metadata_args, select_args, with_specials
+from support.cases import (CASES, HIERARCHY_CASES, INT8_DTYPES, attention_args, make_data, metadata_args, select_args,
+                           with_specials)
 from support.driver_cases import outputs_of
 from support.tolerances import assert_close, assert_equal, assert_used_blocks_equal
 
@@ -67,6 +68,56 @@ def _check_select(inputs, attributes, native):
     assert_equal(got["block_indices"], expected["block_indices"], "block_indices", axes="(b, n, s) x K")
     if "chunk_indices" in names:
         assert_equal(got["chunk_indices"], expected["chunk_indices"], "chunk_indices", axes="(b, n, chunk) x KC")
+
+
+@pytest.mark.parametrize("case", HIERARCHY_CASES, ids=lambda case: case.id)
+@PATHS
+@pytest.mark.parametrize("numbers", ["as built", "non-finite"])
+def test_hierarchical_selection(case, native, numbers):
+    """The hierarchical selection's edges (cases.HIERARCHY_CASES), as QuestMetadata builds the bounds
+    and with NaN, infinities and int8 bounds' edge codes and exponents in the bounds and queries."""
+    inputs, attributes = select_args(_data(case))
+    _check_select(with_specials(inputs) if numbers == "non-finite" else inputs, attributes, native)
+
+
+@pytest.mark.parametrize("case", HIERARCHY_CASES, ids=lambda case: case.id)
+@PATHS
+def test_attention_over_hierarchical_selections(case, native):
+    _check_attention(case, *attention_args(_data(case)), _expected_attention(case, True), native)
+
+
+@pytest.mark.parametrize("case", [c for c in HIERARCHY_CASES if c.ranks_blocks()], ids=lambda case: case.id)
+@PATHS
+def test_candidates_covering_every_superblock_select_flat(case, native):
+    """With candidates enough for every superblock the hierarchical selection is the flat one, bit
+    for bit (docs/ops.md): the same call without superblocks."""
+    inputs, attributes = select_args(_data(case))
+    covering = dict(attributes, candidate_factor=case.num_blocks())
+    flat_inputs = {k: v for k, v in inputs.items() if not k.startswith("super_")}
+    flat_attributes = {k: v for k, v in attributes.items() if k not in ("superblock_size", "candidate_factor")}
+    names = outputs_of("SparseBlockSelect", inputs)
+    got = run_op("SparseBlockSelect", inputs, covering, native=native, outputs=names)
+    flat = run_op("SparseBlockSelect", flat_inputs, flat_attributes, native=native, outputs=names)
+    for name in names:
+        assert_equal(got[name], flat[name], name)
+
+
+def test_hierarchical_cases_select_hierarchically():
+    """The hierarchy cases reach what they are for: a selection that differs from the flat one
+    (candidates fewer than the superblocks), and the flat ones where they must be."""
+    differ = {}
+    for case in HIERARCHY_CASES:
+        inputs, attributes = select_args(_data(case))
+        flat_inputs = {k: v for k, v in inputs.items() if not k.startswith("super_")}
+        flat_attributes = {k: v for k, v in attributes.items() if k not in ("superblock_size", "candidate_factor")}
+        hierarchical, flat = sparse_block_select(**inputs, **attributes), sparse_block_select(**flat_inputs,
+                                                                                              **flat_attributes)
+        if isinstance(hierarchical, tuple):
+            assert np.array_equal(hierarchical[1], flat[1]), f"{case.id}: chunk rows must stay flat"
+            hierarchical, flat = hierarchical[0], flat[0]
+        differ[case.id] = bool((hierarchical != flat).any())
+    flat_by_design = {c.id for c in HIERARCHY_CASES if c.num_superblocks() == 1 or c.top_k == "more than eligible"}
+    assert {name for name, d in differ.items() if d} == set(differ) - flat_by_design, differ
 
 
 INT8_BOUND_CASES = [case for case in CASES if case.int8_bounds]

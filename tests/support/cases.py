@@ -92,6 +92,10 @@ class Case:
     chunk_share: float = 0.25
     chunk_room: int = 0  # chunk_top_k beyond the most forced blocks a chunk can have
     chunk_floor: int = 0  # 0: top_k is the floor of the blocks a chunk scores in
+    # Hierarchical selection (HIERARCHY_CASES): superblocks of superblock_size blocks (0: none, the
+    # flat selection) and the candidate_factor attribute.
+    superblock_size: int = 0
+    candidate_factor: int = 16
 
     @property
     def int8(self) -> bool:
@@ -123,7 +127,17 @@ class Case:
             + ("" if self.chunk == "none" else f"-c{self.chunk.split('-')[0]}Q{self.chunk_size}p{self.chunk_pool}"
                f"w{self.chunk_window}s{self.chunk_share:g}k{self.chunk_room}"
                + (f"f{self.chunk_floor}" if self.chunk_floor else ""))
+            + (f"-U{self.superblock_size}c{self.candidate_factor}" if self.superblock_size else "")
         )
+
+    def num_superblocks(self) -> int:
+        return -(-self.num_blocks() // self.superblock_size)
+
+    def superblock_attributes(self) -> dict:
+        """SparseBlockSelect's superblock attributes (hierarchy cases only; the others keep the defaults)."""
+        if not self.superblock_size:
+            return {}
+        return dict(superblock_size=self.superblock_size, candidate_factor=self.candidate_factor)
 
     def past_lens(self) -> np.ndarray:
         """Row 0 holds the case's cached length; other rows hold other listed lengths."""
@@ -369,6 +383,32 @@ def _draw(axes, rng, extra_cases) -> list[Case]:
 
 CASES = _covering_cases()
 
+# The hierarchical selection's edges (docs/ops.md, hierarchical selection), against the reference on
+# every path: one superblock; a partial last superblock; K past the block count; candidates no
+# more than the forced blocks' superblocks (every other block pruned); ties; each group reduction,
+# float and int8 bounds, rows of different lengths, several queries, exact and chunk queries beside
+# hierarchical ones. Non-finite bounds: the edge runs of tests/kernels and tests/ops (with_specials).
+_HIERARCHY = dict(batch=1, heads=(14, 2), head_dim=64, block_size=4, cached="~1000", new_tokens=1, top_k="8", sink=1,
+                  recent=1, reduce="none", importance=False, equal_scores=False, score="bound", num_probes=8,
+                  dtypes=("float32", "float16"), exact="none", superblock_size=4, candidate_factor=2)
+HIERARCHY_CASES = [
+    Case(**{**_HIERARCHY, "cached": "P+1", "top_k": "1", "superblock_size": 64}),  # one superblock
+    Case(**{**_HIERARCHY, "batch": 3, "new_tokens": 7, "superblock_size": 5}),  # partial last superblock
+    Case(**{**_HIERARCHY, "top_k": "more than eligible"}),
+    Case(**{**_HIERARCHY, "top_k": "3", "candidate_factor": 1, "new_tokens": 3}),  # only the forced superblocks
+    Case(**{**_HIERARCHY, "heads": (9, 3), "equal_scores": True, "candidate_factor": 1}),
+    Case(**{**_HIERARCHY, "heads": (8, 2), "head_dim": 128, "reduce": "mean", "importance": True, "sink": 2,
+            "dtypes": ("float16", "float16")}),
+    Case(**{**_HIERARCHY, "heads": (8, 2), "head_dim": 80, "reduce": "max", "new_tokens": 7, "exact": "half",
+            "recent": 2, "superblock_size": 3, "dtypes": ("float32", "float32")}),
+    Case(**{**_HIERARCHY, "batch": 3, "dtypes": ("float32", "float32"), "bounds": "int8", "new_tokens": 3}),
+    Case(**{**_HIERARCHY, "heads": (4, 4), "reduce": "mean", "dtypes": ("float16", "float16"), "bounds": "int8"}),
+    Case(**{**_HIERARCHY, "heads": (8, 2), "reduce": "max", "dtypes": ("float32", "int8"), "bounds": "int8"}),
+    Case(**{**_HIERARCHY, "dtypes": ("float32", "int8"), "superblock_size": 8}),  # int8 caches, float16 bounds
+    Case(**{**_HIERARCHY, "new_tokens": 64, "chunk": "three-quarters", "chunk_size": 16, "chunk_window": 3,
+            "chunk_room": 9}),  # chunk rows stay flat
+]
+
 # Rows of about 4000 tokens, for the selection paths no short case reaches: SIMD select scores four
 # blocks at a time, and with every score known it skips the blocks below a floor
 # (select_order.h collect_above_floor) once a row holds 8 x (K + forced blocks) eligible blocks.
@@ -397,6 +437,13 @@ LONG_CASES = [
     Case(**{**_LONG, "heads": (14, 2), "head_dim": 64, "top_k": "8", "new_tokens": 64, "chunk": "three-quarters",
             "chunk_size": 64, "chunk_pool": 3, "chunk_window": 1, "chunk_share": 0.1, "chunk_room": 200,
             "dtypes": ("float16", "float16")}),
+    # Hierarchical selection over long rows: candidates of whole tiles of four blocks and more.
+    Case(**{**_LONG, "heads": (16, 8), "head_dim": 128, "top_k": "16", "superblock_size": 8, "candidate_factor": 4,
+            "dtypes": ("float32", "float16")}),
+    Case(**{**_LONG, "heads": (14, 2), "head_dim": 64, "top_k": "8", "new_tokens": 3, "superblock_size": 6,
+            "candidate_factor": 3, "bounds": "int8", "dtypes": ("float16", "float16")}),
+    Case(**{**_LONG, "heads": (9, 3), "head_dim": 64, "top_k": "8", "reduce": "max", "superblock_size": 8,
+            "candidate_factor": 2, "dtypes": ("float32", "float32")}),
 ]
 
 
@@ -493,7 +540,7 @@ def select_attributes(case: Case) -> dict:
     return dict(num_heads=H, kv_num_heads=N, block_size=case.block_size, top_k=case.k(),
                 sink_blocks=case.sink, recent_blocks=case.recent, group_reduce=case.reduce,
                 importance_fraction=0.5 if case.importance else 0.0, score=case.score,
-                num_probes=case.num_probes, **case.chunk_attributes())
+                num_probes=case.num_probes, **case.chunk_attributes(), **case.superblock_attributes())
 
 
 def select_args(data: CaseData) -> tuple[dict, dict]:
@@ -506,10 +553,33 @@ def select_args(data: CaseData) -> tuple[dict, dict]:
              total_lens=data.total_lens, block_importance=data.block_importance,
              key_cache=data.key_cache if probe else None, key=data.key if probe else None,
              exact_lens=data.exact_lens, block_exponent=exponent[0] if exponent else None,
-             **({} if data.chunk_lens is None else {"chunk_lens": data.chunk_lens})),
+             **({} if data.chunk_lens is None else {"chunk_lens": data.chunk_lens}),
+             **(superblock_inputs(data) if data.case.superblock_size else {})),
         select_attributes(data.case),
     )
 
+
+def superblock_inputs(data: CaseData) -> dict:
+    """super_max, super_min (and super_exponent with int8 bounds) after this call's update: QuestMetadata's
+    at block size P * U, over the cached keys (as make_data builds the blocks') and then the new ones."""
+    case = data.case
+    rng = np.random.default_rng(5)
+    B, N, D = data.key_cache.shape[0], data.key_cache.shape[1], case.head_dim
+    shape = (B, N, case.num_superblocks(), D)
+    if case.int8_bounds:
+        garbage = rng.integers(-128, 128, shape, dtype=np.int8)
+        exponent = {"block_exponent": rng.integers(-128, NON_FINITE, shape[:3], dtype=np.int8)}
+    else:
+        garbage, exponent = _normal(rng, shape, case.bounds_dtype()), {}
+    held = dequantize_rows(data.key_cache, data.key_scale) if case.int8 else data.key_cache
+    size = case.block_size * case.superblock_size
+    past = data.past_lens
+    top, bottom, *made = quest_metadata(held[:, :, : max(int(past.max()), 1)], garbage, garbage.copy(),
+                                        np.zeros(B, np.int32), past, block_size=size, **exponent)
+    inputs, attributes = metadata_args(data)
+    inputs = dict(inputs, block_max=top, block_min=bottom, block_exponent=made[0] if made else None)
+    top, bottom, *made = quest_metadata(**inputs, **dict(attributes, block_size=size))
+    return dict(super_max=top, super_min=bottom, super_exponent=made[0] if made else None)
 
 def attention_args(data: CaseData, sparse: bool = True) -> tuple[dict, dict]:
     """Attention over the reference selection (sparse: chunk cases with their chunks' selections too)
@@ -558,7 +628,8 @@ SCALES = ("key_scale", "value_scale")
 # the int8 range's ends, -128 included, which QuestMetadata never writes but an input may hold.
 EXPONENT_SPECIALS = np.array([-128, -127, LOWEST, 0, 10, 122, 126, NON_FINITE], np.int8)
 CODE_SPECIALS = np.array([-128, -127, -1, 0, 1, 127], np.int8)
-INT8_SPECIALS = {"block_exponent": EXPONENT_SPECIALS, "block_max": CODE_SPECIALS, "block_min": CODE_SPECIALS}
+INT8_SPECIALS = {"block_exponent": EXPONENT_SPECIALS, "block_max": CODE_SPECIALS, "block_min": CODE_SPECIALS,
+                 "super_exponent": EXPONENT_SPECIALS, "super_max": CODE_SPECIALS, "super_min": CODE_SPECIALS}
 
 
 def sprinkle_specials(array, rng, fraction=0.003, specials=SPECIALS):

@@ -51,7 +51,10 @@ def write_case(directory: pathlib.Path, op_name, inputs, attributes, case, total
                   key_cache_type=attributes.get("key_cache_type", "float"),
                   with_chunks=int(inputs.get("chunk_lens") is not None), Q=case.chunk_size,
                   KC=case.chunk_top_k(), chunk_share=case.chunk_share, chunk_window=case.chunk_window, chunk_sink=case.sink,
-                  chunk_pool=case.chunk_pool, chunk_floor=case.chunk_floor, **extra)
+                  chunk_pool=case.chunk_pool, chunk_floor=case.chunk_floor,
+                  with_superblocks=int(inputs.get("super_max") is not None), U=case.superblock_size or 8,
+                  MS=case.num_superblocks() if case.superblock_size else 0, candidate_factor=case.candidate_factor,
+                  **extra)
     if op_name == "SparseBlockAttention":
         fields["scale"] = float(np.float32(1.0) / np.sqrt(np.float32(case.head_dim)))
     directory.mkdir(parents=True, exist_ok=True)

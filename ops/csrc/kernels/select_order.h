@@ -90,11 +90,20 @@ struct SelectScratch {
   std::vector<float> row_factor;   // variant-owned: int8 bounds' per-row factors a / 127
   std::vector<int8_t> row_bytes;   // variant-owned: int8 bounds' quantized rows as dot-product operands
   std::vector<int32_t> row_bias;   // variant-owned: their integer corrections
+  std::vector<float> super_scores;       // hierarchical: superblock scores of the sharing selections
+  std::vector<uint64_t> super_ranking;   // hierarchical: rank keys, then each row's best superblocks
+  std::vector<uint8_t> is_candidate;     // hierarchical: [eligible superblocks]
+  std::vector<int32_t> candidate_superblocks;  // hierarchical: ascending
+  std::vector<int32_t> candidate_blocks;       // hierarchical: their eligible blocks, ascending
+  std::vector<float> candidate_scores;         // hierarchical: scores of candidate_blocks (compact)
+  std::vector<float> candidate_head_scores;    // hierarchical, shared pass: [rows][candidate_blocks]
+  std::vector<uint8_t> block_taken;            // hierarchical: `taken` by block while it is by candidate
   int64_t keep = 0;                // blocks to choose
   int32_t offered = 0;             // blocks [0, offered) went through offer()
   int32_t worst = -1;              // the threshold block (see offer); -1 before there is one
 
-  // Starts choosing the best `count` untaken blocks by `values`, offered in ascending order.
+  // Starts choosing the best `count` untaken blocks by `values`, offered in ascending order; with
+  // count 0, a scan that offers blocks while no selection waits for them (offers are ignored).
   void begin_best(int64_t count) {
     best.clear();
     keep = count;
@@ -111,7 +120,7 @@ struct SelectScratch {
   // heap paid a sift.
   void offer(const float* values) {
     const int32_t m = offered++;
-    if (taken[m] || keep == 0) return;
+    if (keep == 0 || taken[m]) return;  // keep == 0: a scan no selection waits for (taken may be empty)
     if (worst >= 0 && !ranks_before(values, m, worst)) return;
     best.push_back(rank_key(values, m));
     if (static_cast<int64_t>(best.size()) == (worst < 0 ? keep : 2 * keep)) prune();
@@ -266,6 +275,80 @@ void select_row(const SparseBlockSelectParams& prm, const float* importance, int
   select_blocks(prm, current, selection);
 }
 
+// The hierarchical selection's step 4 (docs/ops.md, hierarchical selection), written once for the
+// CPU kernels, which only score: collect_candidates picks the candidate superblocks from their
+// scores, choose_best_candidates the best of their blocks.
+//
+// Candidates of a query, into s.candidate_superblocks and s.candidate_blocks (ascending): the
+// superblocks of the blocks taken so far (s.chosen), then superblocks by turn until `count` are
+// candidates. `super_scores` holds `rows` rows (`stride` apart) of the scores of superblocks
+// [0, eligible_super), one per selection sharing the candidates; a superblock's turn is the least
+// rank * rows + r over the rows r (its rank by row r's scores, the rule's order): the rows take
+// their best superblocks in turn. Each row's best `count` suffice (count < eligible_super).
+inline void collect_candidates(const float* super_scores, int64_t rows, int64_t stride, int64_t eligible_super,
+                               int64_t count, int64_t superblock_size, int64_t eligible, SelectScratch& s) {
+  s.is_candidate.assign(eligible_super, 0);
+  s.candidate_superblocks.clear();
+  const auto add = [&](int32_t u) {
+    if (s.is_candidate[u]) return;
+    s.is_candidate[u] = 1;
+    s.candidate_superblocks.push_back(u);
+  };
+  for (const int32_t m : s.chosen) add(static_cast<int32_t>(m / superblock_size));
+  const int64_t best = count < eligible_super ? count : eligible_super;
+  s.super_ranking.resize(rows * eligible_super);
+  for (int64_t r = 0; r < rows; ++r) {  // row r's best `best` superblocks, best first, at [r * eligible_super)
+    uint64_t* keys = s.super_ranking.data() + r * eligible_super;
+    for (int64_t u = 0; u < eligible_super; ++u) keys[u] = rank_key(super_scores + r * stride, static_cast<int32_t>(u));
+    std::nth_element(keys, keys + (best - 1), keys + eligible_super, std::greater<uint64_t>());
+    std::sort(keys, keys + best, std::greater<uint64_t>());
+  }
+  for (int64_t rank = 0; rank < best && static_cast<int64_t>(s.candidate_superblocks.size()) < count; ++rank)
+    for (int64_t r = 0; r < rows && static_cast<int64_t>(s.candidate_superblocks.size()) < count; ++r)
+      add(key_block(s.super_ranking[r * eligible_super + rank]));
+  std::sort(s.candidate_superblocks.begin(), s.candidate_superblocks.end());
+  s.candidate_blocks.clear();
+  for (const int32_t u : s.candidate_superblocks)
+    for (int64_t m = u * superblock_size; m < (u + 1) * superblock_size && m < eligible; ++m)
+      s.candidate_blocks.push_back(static_cast<int32_t>(m));
+}
+
+// Appends to s.chosen the best `count` untaken blocks of s.candidate_blocks by `values` (values[j]
+// scores candidate_blocks[j]; fewer when fewer are left). The candidates rank by their position,
+// which is ascending in the block index, so ties break as the rule breaks them.
+inline void choose_best_candidates(const float* values, int64_t count, SelectScratch& s) {
+  if (count <= 0) return;
+  const int64_t candidates = static_cast<int64_t>(s.candidate_blocks.size());
+  const size_t before = s.chosen.size();
+  s.block_taken.swap(s.taken);  // the selection runs over candidate positions
+  s.taken.resize(candidates);
+  int64_t untaken = 0;
+  for (int64_t j = 0; j < candidates; ++j) {
+    s.taken[j] = s.block_taken[s.candidate_blocks[j]];
+    untaken += !s.taken[j];
+  }
+  choose_best(values, candidates, count < untaken ? count : untaken, s);
+  s.taken.swap(s.block_taken);
+  for (size_t j = before; j < s.chosen.size(); ++j) {
+    s.chosen[j] = s.candidate_blocks[s.chosen[j]];
+    s.taken[s.chosen[j]] = 1;
+  }
+}
+
+// The rule's selection of a hierarchical query: RowSelection's, with step 4 left to
+// `choose(eligible, count)`, which takes the best `count` blocks among the query's candidates.
+template <typename Choose>
+struct HierarchicalRowSelection : RowSelection<Choose> {
+  void take_best_scores(int64_t eligible, int64_t count) { this->score_blocks(eligible, count); }
+};
+
+template <typename Choose>
+void select_row_hierarchical(const SparseBlockSelectParams& prm, const float* importance, int64_t current,
+                             int32_t* row, SelectScratch& s, Choose&& choose) {
+  HierarchicalRowSelection<std::remove_reference_t<Choose>> selection{{row, prm.top_k, importance, s, choose}};
+  select_blocks(prm, current, selection);
+}
+
 // The inputs of work item (b, n), item = b * kv_heads + n.
 template <typename TC>
 struct SelectItem {
@@ -274,6 +357,9 @@ struct SelectItem {
   const TC* kmax;           // [M, D]
   const TC* kmin;           // [M, D]
   const int8_t* exponent;   // [M] with int8 bounds (a bound is code * 2^e), else null
+  const TC* super_max = nullptr;          // [MS, D], or null: the flat selection
+  const TC* super_min = nullptr;          // [MS, D]
+  const int8_t* super_exponent = nullptr;  // [MS] with int8 bounds
 };
 
 // The CPU kernels' walk over items [begin, end): per item, per query i, its output rows (own head
@@ -282,7 +368,7 @@ struct SelectItem {
 template <typename TC, typename SelectQueryRow>
 void for_each_select_row(const SparseBlockSelectParams& prm, int64_t begin, int64_t end,
                          SelectQueryRow&& select_query_row) {
-  const int64_t S = prm.query_len, K = prm.top_k, M = prm.num_blocks, D = prm.head_dim;
+  const int64_t S = prm.query_len, K = prm.top_k, M = prm.num_blocks, D = prm.head_dim, MS = prm.num_superblocks;
   const int64_t selections = selections_per_item(prm);
   for (int64_t index = begin; index < end; ++index) {
     const int64_t b = index / prm.kv_heads;
@@ -290,7 +376,10 @@ void for_each_select_row(const SparseBlockSelectParams& prm, int64_t begin, int6
                               prm.block_importance ? prm.block_importance + index * M : nullptr,
                               static_cast<const TC*>(prm.block_max) + index * M * D,
                               static_cast<const TC*>(prm.block_min) + index * M * D,
-                              prm.block_exponent ? prm.block_exponent + index * M : nullptr};
+                              prm.block_exponent ? prm.block_exponent + index * M : nullptr,
+                              prm.super_max ? static_cast<const TC*>(prm.super_max) + index * MS * D : nullptr,
+                              prm.super_min ? static_cast<const TC*>(prm.super_min) + index * MS * D : nullptr,
+                              prm.super_exponent ? prm.super_exponent + index * MS : nullptr};
     for (int64_t i = 0; i < S; ++i) {
       const int64_t p = item.past + i;
       for (int64_t own = 0; own < selections; ++own) {

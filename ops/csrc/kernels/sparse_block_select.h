@@ -38,7 +38,28 @@ struct SparseBlockSelectParams {
   int64_t chunk_floor = 0;  // with top_k, the fewest blocks a chunk selects by score (0: top_k alone)
   float chunk_share = 0.0f;
   int32_t* chunk_indices = nullptr;  // [B, N, ceil(S / chunk_size), chunk_top_k] output, or null
+  // Hierarchical selection (docs/ops.md): a per-token query ranks only the blocks of candidate
+  // superblocks, chosen by their bounds; null super_max: the flat selection.
+  const void* super_max = nullptr;         // [B, N, MS, D] cache_type
+  const void* super_min = nullptr;         // [B, N, MS, D] cache_type
+  const int8_t* super_exponent = nullptr;  // [B, N, MS] with int8 bounds, else null
+  int64_t num_superblocks = 0, superblock_size = 8, candidate_factor = 16;
 };
+
+// Candidate superblocks a hierarchical query keeps: ceil(candidate_factor * top_k / superblock_size).
+inline int64_t candidate_superblocks(const SparseBlockSelectParams& prm) {
+  const int64_t U = prm.superblock_size, most = INT64_MAX - U;
+  if (prm.candidate_factor > most / prm.top_k) return most / U;  // more than any cache holds
+  return (prm.candidate_factor * prm.top_k + U - 1) / U;
+}
+
+// True when the per-token query whose own block is `current` selects hierarchically: superblocks
+// are given, its eligible blocks exceed top_k and the candidates would not cover every eligible
+// superblock (else its selection is the flat one, exactly).
+inline bool selects_hierarchically(const SparseBlockSelectParams& prm, int64_t current) {
+  return prm.super_max != nullptr && current + 1 > prm.top_k &&
+         candidate_superblocks(prm) < current / prm.superblock_size + 1;
+}
 
 inline int64_t num_chunks(const SparseBlockSelectParams& prm) {
   return (prm.query_len + prm.chunk_size - 1) / prm.chunk_size;

@@ -231,11 +231,20 @@ BoundInputs::BoundInputs(const schema::OpSchema& op, OrtKernelContext* context, 
   for (int k = 0; k < op.num_derived; ++k) {
     const schema::DerivedSpec& derived = op.derived[k];
     const int64_t a = dims_.at(derived.a), b = dims_.at(derived.b);
+    int64_t value = 0;
     switch (derived.kind) {
-      case schema::DerivedKind::Product: dims_[derived.name] = a * b; break;
-      case schema::DerivedKind::CeilDiv: dims_[derived.name] = (a + b - 1) / b; break;
-      case schema::DerivedKind::Pick: dims_[derived.name] = attributes.get_string(derived.when) == derived.value ? b : a; break;
+      case schema::DerivedKind::Product: value = a * b; break;
+      case schema::DerivedKind::CeilDiv: value = (a + b - 1) / b; break;
+      case schema::DerivedKind::Pick: value = attributes.get_string(derived.when) == derived.value ? b : a; break;
     }
+    // A derived symbol an input holds (SparseBlockSelect's MS) must be what its formula gives.
+    if (const auto bound = dims_.find(derived.name); bound != dims_.end() && bound->second != value)
+      fail(dim_origins_.at(derived.name) + " is " + std::to_string(bound->second) + ", but " + derived.name + " = " +
+           (derived.kind == schema::DerivedKind::Product   ? std::string(derived.a) + "*" + derived.b
+            : derived.kind == schema::DerivedKind::CeilDiv ? "ceil(" + std::string(derived.a) + "/" + derived.b + ")"
+                                                           : std::string(derived.a) + " or " + derived.b) +
+           " = " + std::to_string(value));
+    dims_[derived.name] = value;
   }
 }
 

@@ -21,6 +21,19 @@ void check_chunk_budget(const schema::OpSchema& op, const Attributes& attributes
                           ", chunk_sink = " + std::to_string(attributes.get_int("chunk_sink")) + ")");
 }
 
+// The hierarchical selection's inputs: super_max and super_min together, super_exponent exactly
+// when the bounds are int8; the probe score takes none (it reads keys, not bounds).
+void check_superblocks(const BoundInputs& in, bool probe) {
+  const bool given = in[io::in::super_max].present();
+  if (given != in[io::in::super_min].present())
+    in.fail("inputs 'super_max' and 'super_min' come together: give both (hierarchical selection) or neither");
+  if (!given && in[io::in::super_exponent].present())
+    in.fail("input 'super_exponent' is given without 'super_max' and 'super_min'");
+  if (!given) return;
+  if (probe) in.fail("score='probe' takes no superblocks: leave 'super_max' and 'super_min' out");
+  check_block_exponent(in, io::in::super_exponent);
+}
+
 SparseBlockSelectKernel::SparseBlockSelectKernel(const OrtKernelInfo* info)
     : attributes_(schema(), info), outputs_(node_outputs(info)) {
   check_head_grouping(schema(), attributes_);
@@ -47,6 +60,7 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
       in.fail("score='probe' needs the inputs 'key_cache' and 'key'");
     resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, in.dim("C"), "the cache capacity C (key_cache dim 2)");
   }
+  check_superblocks(in, probe);
   const int32_t* exact_lens = check_exact_lens(in, io::in::exact_lens, total);
   const int32_t* chunk_lens = check_exact_lens(in, io::in::chunk_lens, total);
   const bool has_chunks = outputs_.size() > static_cast<size_t>(io::out::chunk_indices) && outputs_[io::out::chunk_indices];
@@ -96,6 +110,12 @@ void SparseBlockSelectKernel::Compute(OrtKernelContext* context) {
   params.chunk_sink = attributes_.get_int("chunk_sink");
   params.chunk_pool = attributes_.get_int("chunk_pool");
   params.chunk_floor = attributes_.get_int("chunk_floor");
+  params.super_max = in[io::in::super_max].data;
+  params.super_min = in[io::in::super_min].data;
+  params.super_exponent = in[io::in::super_exponent].as<int8_t>();
+  params.num_superblocks = in[io::in::super_max].present() ? in.dim("MS") : 0;
+  params.superblock_size = in.dim("U");
+  params.candidate_factor = attributes_.get_int("candidate_factor");
   const SparseBlockSelectFn kernel = active_kernels().sparse_block_select;
   parallel_for(context, B * N, [&](int64_t item) { kernel(params, item, item + 1); });
 }

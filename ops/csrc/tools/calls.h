@@ -96,6 +96,17 @@ void run_select(const Case& c, const std::string& variant, Run&& run) {
   p.query_type = T, p.cache_type = TC, p.query = query.data(), p.block_max = block_max.data();
   p.block_min = block_min.data(), p.block_indices = indices.data();
   p.block_exponent = exponent.empty() ? nullptr : reinterpret_cast<const int8_t*>(exponent.data());
+  // Superblocks (with_superblocks 1): super_max/super_min [B, N, MS, D] (and super_exponent [B, N, MS]).
+  std::vector<char> super_max, super_min, super_exponent;
+  if (c.has("with_superblocks") && c.integer("with_superblocks")) {
+    const int64_t MS = c.integer("MS");
+    super_max = c.read("super_max", bytes_of(TC, B * N * MS * D));
+    super_min = c.read("super_min", bytes_of(TC, B * N * MS * D));
+    if (TC == DType::I8) super_exponent = c.read("super_exponent", static_cast<size_t>(B * N * MS));
+    p.super_max = super_max.data(), p.super_min = super_min.data(), p.num_superblocks = MS;
+    p.super_exponent = super_exponent.empty() ? nullptr : reinterpret_cast<const int8_t*>(super_exponent.data());
+    p.superblock_size = c.integer("U"), p.candidate_factor = c.integer("candidate_factor");
+  }
   // Chunk queries: their lists into chunk_indices [B, N, ceil(S / Q), KC].
   const std::vector<char> chunk_lens = read_chunk_lens(c, B);
   std::vector<int32_t> chunk_indices;

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
     } else if (op == "SparseBlockSelect") {
       const std::string why = cann::check_select_support(c.text("score"), c.text("group_reduce"));
       if (!why.empty()) return unsupported(why);
+      if (c.has("with_superblocks") && c.integer("with_superblocks")) return unsupported(cann::kNoHierarchicalSelect);
       const std::string chunks = chunk_support(c, "SparseBlockSelect");
       if (!chunks.empty()) return unsupported(chunks);
       cann::SelectShape shape{c.integer("B"), c.integer("H"), c.integer("N"), c.integer("S"), c.integer("D"),

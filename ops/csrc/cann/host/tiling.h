@@ -30,6 +30,10 @@ Planned<MetadataPlan> plan_metadata(const MetadataShape& shape, const NpuSpec& n
 // "" when the NPU select kernel implements these attributes, else why not (it scores the bound
 // with one selection per KV head: not score='probe', not group_reduce='none').
 std::string check_select_support(const std::string& score, const std::string& group_reduce);
+// The hierarchical selection (super_max, super_min) has no NPU kernel.
+inline constexpr const char* kNoHierarchicalSelect =
+    "SparseBlockSelect on CANN: superblock inputs (hierarchical selection) have no NPU kernel; "
+    "run this model's function-body export, or export without superblocks";
 Planned<SelectPlan> plan_select(const SelectShape& shape, const NpuSpec& npu);
 
 // Every slice of a plan, named, for the checks (aligned, disjoint, inside the UB).

@@ -171,6 +171,8 @@ class CannSelectKernel : public KernelBase<CannSelectKernel> {
         resolve_total_lens(in, io::in::past_lens, io::in::total_lens, S, saturating_mul(M, P), "M * block_size");
     refuse_int8_bounds(in);
     check_block_exponent(in, io::in::block_exponent);
+    if (in[io::in::super_max].present() || in[io::in::super_min].present())
+      in.fail(cann::kNoHierarchicalSelect);
     const bool importance = in[io::in::block_importance].present();
     const int32_t* exact = check_exact_lens(in, io::in::exact_lens, total);
     const std::string chunks = cann::check_chunk_support("SparseBlockSelect", B, S, in[io::in::past_lens].as<int32_t>(),

@@ -351,6 +351,68 @@ void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, i
   }
 }
 
+// Step 4 of a hierarchical query (docs/ops.md, hierarchical selection). With a selection per query
+// head, the group's heads score the superblocks and the candidates' blocks in one shared pass (each
+// candidate superblock's blocks, four rows at a time, into [rows][candidate blocks]) on the first
+// head of the query, recorded in `scored_query`; the others choose from it. Else the query's rows
+// (reduced) score the superblocks, then the candidates' blocks. Scans here offer nothing (the
+// candidates' best come after them): begin_best(0).
+template <typename T, typename TC>
+void choose_hierarchically(const SparseBlockSelectParams& prm, const SelectItem<TC>& item, int64_t i, int64_t own,
+                           int64_t p, int64_t eligible, int64_t count, SelectScratch& s, int64_t& scored_query) {
+  const int64_t D = prm.head_dim, Dp = padded(D), U = prm.superblock_size;
+  const int64_t eligible_super = (p / prm.block_size) / U + 1, keep_super = candidate_superblocks(prm);
+  const auto for_each_candidate = [&](auto&& score) {  // score(first block, blocks, position among candidates)
+    int64_t at = 0;
+    for (const int32_t u : s.candidate_superblocks) {
+      const int64_t first = u * U, blocks = std::min(U, eligible - first);
+      score(first, blocks, at);
+      at += blocks;
+    }
+  };
+  const auto exponent_at = [&](int64_t first) { return item.exponent ? item.exponent + first : nullptr; };
+  if (prm.reduce == GroupReduce::None) {
+    const int64_t G = prm.num_heads / prm.kv_heads, tiles = (G + 3) / 4 * 4;
+    if (scored_query != item.index * prm.query_len + i) {
+      load_group_rows<T>(prm, item.b, item.n, i, s.query, tiles);
+      const float* factor = nullptr;
+      if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), tiles, Dp, D, s.row_factor);
+      const BoundRows rows = bound_rows(s.query.data(), tiles, Dp, s.query_positive, factor);
+      s.super_scores.resize(tiles * eligible_super);
+      score_blocks_per_row(rows, item.super_max, item.super_min, item.super_exponent, D, eligible_super,
+                           s.super_scores.data(), s);
+      collect_candidates(s.super_scores.data(), G, eligible_super, eligible_super, keep_super, U, eligible, s);
+      const int64_t candidates = static_cast<int64_t>(s.candidate_blocks.size());
+      s.candidate_head_scores.resize(tiles * candidates);
+      s.candidate_scores.resize(tiles * U);  // one superblock's [rows][blocks]
+      for_each_candidate([&](int64_t first, int64_t blocks, int64_t at) {
+        score_blocks_per_row(rows, item.kmax + first * D, item.kmin + first * D, exponent_at(first), D, blocks,
+                             s.candidate_scores.data(), s);
+        for (int64_t g = 0; g < G; ++g)
+          std::copy_n(s.candidate_scores.data() + g * blocks, blocks, s.candidate_head_scores.data() + g * candidates + at);
+      });
+      scored_query = item.index * prm.query_len + i;
+    }
+    choose_best_candidates(s.candidate_head_scores.data() + own * static_cast<int64_t>(s.candidate_blocks.size()),
+                           count, s);
+    return;
+  }
+  const int64_t heads = load_query_rows<T>(prm, item.b, item.n, i, own, s.query);
+  const float* factor = nullptr;
+  if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), heads, Dp, D, s.row_factor);
+  const BoundRows rows = bound_rows(s.query.data(), heads, Dp, s.query_positive, factor);
+  s.begin_best(0);
+  s.super_scores.resize(eligible_super);
+  score_blocks(rows, item.super_max, item.super_min, item.super_exponent, D, eligible_super, s.super_scores.data(), s);
+  collect_candidates(s.super_scores.data(), 1, eligible_super, eligible_super, keep_super, U, eligible, s);
+  s.candidate_scores.resize(s.candidate_blocks.size());
+  for_each_candidate([&](int64_t first, int64_t blocks, int64_t at) {
+    score_blocks(rows, item.kmax + first * D, item.kmin + first * D, exponent_at(first), D, blocks,
+                 s.candidate_scores.data() + at, s);
+  });
+  choose_best_candidates(s.candidate_scores.data(), count, s);
+}
+
 // Items [begin, end) with the calling thread's scratch `s`. Not inlined into the caller that looks
 // the thread_local up: in a shared library every use of a thread_local may be a __tls_get_addr call
 // (the compiler re-derives its address in loops), a plain reference stays in a register.
@@ -378,8 +440,15 @@ template <typename T, typename TC>
       score_blocks_many_rows(bound, item.kmax, item.kmin, item.exponent, D, eligible, scores, s);
     });
   });
+  int64_t candidates_query = -1;  // item * S + i of the query whose candidates' scores s holds (hierarchical)
   for_each_select_row<TC>(prm, begin, end, [&](const SelectItem<TC>& item, int64_t i, int64_t own, int64_t p,
                                                int32_t* row) {
+    if (selects_hierarchically(prm, p / P)) {
+      select_row_hierarchical(prm, item.importance, p / P, row, s, [&](int64_t eligible, int64_t count) {
+        choose_hierarchically<T, TC>(prm, item, i, own, p, eligible, count, s, candidates_query);
+      });
+      return;
+    }
     if (shared_pass) {
       select_row(prm, item.importance, p / P, row, s, [&](int64_t eligible, float*) -> const float* {
         if (scored_query != item.index * S + i) {
