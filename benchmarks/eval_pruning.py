@@ -244,6 +244,45 @@ def pruning(layers, top_k: int, size: int, repeats: int, block_size: int = 8) ->
                 design_recall=round(design_recalled / selected, 4), **masses)
 
 
+def op_selection(layers, top_k: int, size: int, repeats: int, block_size: int = 8) -> dict:
+    """What SparseBlockSelect itself keeps, flat and hierarchical (superblocks of `size` blocks, the
+    default candidate_factor; docs/ops.md), on the repeated caches, with the default export's
+    attributes (a list per query head, one sink and one recent block): the attention mass its blocks
+    hold, averaged over layers and query heads, and the bound bytes it reads, of the flat ones."""
+    from quest_ort.ops.schemas import SPARSE_BLOCK_SELECT
+    from quest_ort.runtime.single_op import run_op
+
+    factor = SPARSE_BLOCK_SELECT.attribute("candidate_factor").default
+    masses = {"flat": 0.0, "hierarchical": 0.0}
+    heads_seen, reads, total = 0, 0, 0
+    for query, block_max, block_min, keys in layers:
+        heads, kv_heads = query.shape[0], block_max.shape[0]
+        top, bottom = np.tile(block_max, (1, repeats, 1)), np.tile(block_min, (1, repeats, 1))
+        blocks = top.shape[1]
+        supers = [superblock_bounds(top[n], bottom[n], size) for n in range(kv_heads)]
+        inputs = dict(query=query[None, :, None], block_max=top[None], block_min=bottom[None],
+                      past_lens=np.array([blocks * block_size - 1], np.int32),
+                      super_max=np.stack([t for t, _ in supers])[None], super_min=np.stack([b for _, b in supers])[None])
+        attributes = dict(num_heads=heads, kv_num_heads=kv_heads, block_size=block_size, top_k=min(top_k, blocks),
+                          group_reduce="none", superblock_size=size)
+        flat_inputs = {k: v for k, v in inputs.items() if not k.startswith("super_")}
+        flat_attributes = {k: v for k, v in attributes.items() if k != "superblock_size"}
+        chosen = {"flat": run_op("SparseBlockSelect", flat_inputs, flat_attributes)["block_indices"][0, :, 0],
+                  "hierarchical": run_op("SparseBlockSelect", inputs, attributes)["block_indices"][0, :, 0]}
+        for h in range(heads):
+            mass = np.tile(block_attention(query[h], keys[h // (heads // kv_heads)], block_size), repeats) / repeats
+            for kind, rows in chosen.items():
+                masses[kind] += float(mass[rows[h][rows[h] >= 0]].sum())
+            heads_seen += 1
+        count = -(-factor * min(top_k, blocks) // size)
+        superblocks = -(-blocks // size)
+        reads += kv_heads * (blocks if count >= superblocks else superblocks + min(count * size, blocks))
+        total += kv_heads * blocks
+    return dict(op_flat_attention_mass=round(masses["flat"] / heads_seen, 4),
+                op_attention_mass=round(masses["hierarchical"] / heads_seen, 4),
+                op_bytes_fraction=round(reads / total, 3))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=MODELS, action="append", help="checkpoint (repeatable; default: both)")
@@ -272,7 +311,8 @@ def main(argv=None):
                 top_k = top_k_for_budget(pages, block_size)
                 for size in SUPERBLOCKS:
                     row = dict(context=len(prompt) * repeats, repeats=repeats, k=pages, top_k=top_k,
-                               superblock_blocks=size, **pruning(layers, top_k, size, repeats, block_size))
+                               superblock_blocks=size, **pruning(layers, top_k, size, repeats, block_size),
+                               **op_selection(layers, top_k, size, repeats, block_size))
                     rows.append(row)
                     print(f"{name} {row['context']:7d} tokens  --k {pages:2d} (K={top_k:3d})  S={size:2d}:  must read "
                           f"{row['must_read_fraction']:.3f}, holding the top K {row['holding_top_k_fraction']:.3f}, "
@@ -280,7 +320,9 @@ def main(argv=None):
                           f"{row['approximate_bytes_fraction']:.3f} (group {row['approximate_group_bytes_fraction']:.3f}), recall {row['approximate_recall']:.4f}; attention mass held: "
                           f"flat {row['flat_attention_mass']:.4f}, approximate {row['approximate_attention_mass']:.4f}; "
                           f"design: bytes {row['design_bytes_fraction']:.3f}, recall {row['design_recall']:.4f}, "
-                          f"attention mass {row['design_attention_mass']:.4f}", flush=True)
+                          f"attention mass {row['design_attention_mass']:.4f}; the op: bytes "
+                          f"{row['op_bytes_fraction']:.3f}, attention mass flat {row['op_flat_attention_mass']:.4f}, "
+                          f"hierarchical {row['op_attention_mass']:.4f}", flush=True)
         report["models"][name] = dict(prompt_tokens=len(prompt), sparse_layers=len(layers),
                                       query_heads=int(layers[0][0].shape[0]), rows=rows,
                                       seconds=round(time.time() - begin))

@@ -287,7 +287,7 @@ SPARSE_BLOCK_SELECT = OpSpec(
                   "sink_blocks)", default=16, minimum=0),
         Attribute("chunk_pool", "int", "consecutive queries of a chunk averaged into one scoring row per head",
                   default=16, minimum=1),
-        Attribute("superblock_size", "int", "blocks per superblock U of super_max/super_min", default=8, minimum=1),
+        Attribute("superblock_size", "int", "blocks per superblock U of super_max/super_min", default=16, minimum=1),
         Attribute("candidate_factor", "int", "with super_max: a query ranks blocks of candidate_factor * top_k "
                   "blocks' worth of superblocks, chosen by superblock score (approximate past that many)",
                   default=16, minimum=1),

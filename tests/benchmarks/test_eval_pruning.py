@@ -130,3 +130,21 @@ def test_group_bytes_count_the_union_of_the_heads_candidates():
     # 8 superblocks, then (0.25 * 64 - 8) // 8 = 1 superblock of fine bounds per head
     assert measured["approximate_bytes_fraction"] == (8 + 8) / 64
     assert measured["approximate_group_bytes_fraction"] == (8 + 2 * 8) / 64
+
+
+@pytest.mark.parametrize("top_k, repeats", [(4, 1), (2, 8)])
+def test_the_op_keeps_flat_mass_while_flat_and_reads_less_past_it(top_k, repeats):
+    """The op's own selections (SparseBlockSelect, native): 50 blocks repeated; with 16 x K candidate
+    blocks covering every superblock it is the flat selection (same mass, every byte), and with
+    2 x 8 copies the candidates are fewer than the superblocks, so it reads less."""
+    rng = np.random.default_rng(top_k)
+    top, bottom = _bounds(rng, 50, 16)
+    keys = rng.standard_normal((1, 50 * 8, 16)).astype(np.float32)
+    layers = [(rng.standard_normal((2, 16)).astype(np.float32), top[None], bottom[None], keys)]
+    measured = eval_pruning.op_selection(layers, top_k, 2, repeats)
+    assert 0 < measured["op_attention_mass"] <= 1 and 0 < measured["op_flat_attention_mass"] <= 1
+    if repeats == 1:
+        assert measured["op_bytes_fraction"] == 1
+        assert measured["op_attention_mass"] == measured["op_flat_attention_mass"]
+    else:  # 400 blocks, 200 superblocks, 16 of them candidates
+        assert measured["op_bytes_fraction"] == pytest.approx((200 + 32) / 400, abs=1e-3)

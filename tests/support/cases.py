@@ -407,6 +407,8 @@ HIERARCHY_CASES = [
     Case(**{**_HIERARCHY, "dtypes": ("float32", "int8"), "superblock_size": 8}),  # int8 caches, float16 bounds
     Case(**{**_HIERARCHY, "new_tokens": 64, "chunk": "three-quarters", "chunk_size": 16, "chunk_window": 3,
             "chunk_room": 9}),  # chunk rows stay flat
+    # candidates near the superblocks' count: each head's best ranked without a floor (select_order.h best_ranked)
+    Case(**{**_HIERARCHY, "candidate_factor": 8, "dtypes": ("float16", "float16")}),
 ]
 
 # Rows of about 4000 tokens, for the selection paths no short case reaches: SIMD select scores four

@@ -275,6 +275,32 @@ void select_row(const SparseBlockSelectParams& prm, const float* importance, int
   select_blocks(prm, current, selection);
 }
 
+// The rank keys (rank_key) of the best `k` of values [0, n), best first, into keys [n] (its first
+// k; the rest is scratch). With many values a floor skips most of them first, as
+// SelectScratch::collect_above_floor does: the k-th greatest maximum of 2k disjoint sets (m % sets)
+// is reached by at least k values, so the best k are among those at least it (ordered compares:
+// never NaN, which ranks last); a floor of -inf proves nothing, and every value is ranked.
+inline void best_ranked(const float* values, int64_t n, int64_t k, uint64_t* keys, SelectScratch& s) {
+  const int64_t sets = 2 * k, rows = n / std::max<int64_t>(sets, 1);
+  int64_t found = 0;
+  if (rows >= 2) {
+    s.set_max.assign(sets, -std::numeric_limits<float>::infinity());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < sets; ++j) s.set_max[j] = values[r * sets + j] > s.set_max[j] ? values[r * sets + j] : s.set_max[j];
+    std::nth_element(s.set_max.begin(), s.set_max.begin() + (k - 1), s.set_max.end(), std::greater<float>());
+    const float floor = s.set_max[k - 1];
+    if (floor > -std::numeric_limits<float>::infinity())
+      for (int64_t m = 0; m < n; ++m)
+        if (values[m] >= floor) keys[found++] = rank_key(values, static_cast<int32_t>(m));
+  }
+  if (found < k) {  // no floor (few values, or one of -inf): rank them all
+    found = n;
+    for (int64_t m = 0; m < n; ++m) keys[m] = rank_key(values, static_cast<int32_t>(m));
+  }
+  std::nth_element(keys, keys + (k - 1), keys + found, std::greater<uint64_t>());
+  std::sort(keys, keys + k, std::greater<uint64_t>());
+}
+
 // The hierarchical selection's step 4 (docs/ops.md, hierarchical selection), written once for the
 // CPU kernels, which only score: collect_candidates picks the candidate superblocks from their
 // scores, choose_best_candidates the best of their blocks.
@@ -297,12 +323,8 @@ inline void collect_candidates(const float* super_scores, int64_t rows, int64_t 
   for (const int32_t m : s.chosen) add(static_cast<int32_t>(m / superblock_size));
   const int64_t best = count < eligible_super ? count : eligible_super;
   s.super_ranking.resize(rows * eligible_super);
-  for (int64_t r = 0; r < rows; ++r) {  // row r's best `best` superblocks, best first, at [r * eligible_super)
-    uint64_t* keys = s.super_ranking.data() + r * eligible_super;
-    for (int64_t u = 0; u < eligible_super; ++u) keys[u] = rank_key(super_scores + r * stride, static_cast<int32_t>(u));
-    std::nth_element(keys, keys + (best - 1), keys + eligible_super, std::greater<uint64_t>());
-    std::sort(keys, keys + best, std::greater<uint64_t>());
-  }
+  for (int64_t r = 0; r < rows; ++r)  // row r's best `best` superblocks, best first, at [r * eligible_super)
+    best_ranked(super_scores + r * stride, eligible_super, best, s.super_ranking.data() + r * eligible_super, s);
   for (int64_t rank = 0; rank < best && static_cast<int64_t>(s.candidate_superblocks.size()) < count; ++rank)
     for (int64_t r = 0; r < rows && static_cast<int64_t>(s.candidate_superblocks.size()) < count; ++r)
       add(key_block(s.super_ranking[r * eligible_super + rank]));

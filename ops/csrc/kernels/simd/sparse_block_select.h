@@ -351,6 +351,37 @@ void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, i
   }
 }
 
+inline constexpr int64_t kPrefetchSuperblocks = 4;
+
+// A scorer of runs of an item's blocks, for query rows prepared once: score(kmax, kmin, exponent,
+// count, out) writes the scores of `count` consecutive blocks, per row ([row][count], PerRow: as
+// score_blocks_per_row) or reduced (as score_blocks; its offers go to a selection that keeps none).
+// The hierarchical selection scores many short runs per query: with int8 bounds and an integer dot
+// product the byte rows are made here once, not once per run (where they cost more than the run).
+template <bool PerRow, typename TC>
+auto run_scorer(const BoundRows& rows, int64_t D, SelectScratch& s) {
+#if defined(QUEST_INT8_DOT)
+  if constexpr (kInt8Bounds<TC>) {
+    const int64_t count_rows = PerRow || rows.heads == 1 ? rows.heads : (rows.heads + 3) / 4 * 4;
+    const ByteRows bytes = byte_rows(rows, count_rows, D, s);
+    return [bytes, D, &s](const TC* kmax, const TC* kmin, const int8_t* exponent, int64_t count, float* out) {
+      if constexpr (PerRow)
+        integer_score_blocks_per_row(bytes, bytes.heads, kmax, kmin, exponent, D, count, out);
+      else
+        integer_score_blocks(bytes, kmax, kmin, exponent, D, count, out, s);
+    };
+  } else
+#endif
+  {
+    return [rows, D, &s](const TC* kmax, const TC* kmin, const int8_t* exponent, int64_t count, float* out) {
+      if constexpr (PerRow)
+        score_blocks_per_row(rows, kmax, kmin, exponent, D, count, out, s);
+      else
+        score_blocks(rows, kmax, kmin, exponent, D, count, out, s);
+    };
+  }
+}
+
 // Step 4 of a hierarchical query (docs/ops.md, hierarchical selection). With a selection per query
 // head, the group's heads score the superblocks and the candidates' blocks in one shared pass (each
 // candidate superblock's blocks, four rows at a time, into [rows][candidate blocks]) on the first
@@ -362,12 +393,28 @@ void choose_hierarchically(const SparseBlockSelectParams& prm, const SelectItem<
                            int64_t p, int64_t eligible, int64_t count, SelectScratch& s, int64_t& scored_query) {
   const int64_t D = prm.head_dim, Dp = padded(D), U = prm.superblock_size;
   const int64_t eligible_super = (p / prm.block_size) / U + 1, keep_super = candidate_superblocks(prm);
-  const auto for_each_candidate = [&](auto&& score) {  // score(first block, blocks, position among candidates)
+  // score(first block, blocks, position among candidates) per run of consecutive candidate
+  // superblocks, ascending (fewer, longer runs: each run costs a call and its tail). The candidates
+  // lie apart in memory, short runs the hardware prefetchers do not learn in time, so the bounds of
+  // the superblocks kPrefetchSuperblocks ahead are asked for while a run is scored.
+  const auto for_each_candidate = [&](auto&& score) {
+    const std::vector<int32_t>& supers = s.candidate_superblocks;
+    const int64_t count = static_cast<int64_t>(supers.size());
+    const auto prefetch = [&](int64_t j) {
+      if (j >= count) return;
+      const int64_t first = supers[j] * U, last = std::min(first + U, eligible);
+      for (int64_t m = first; m < last; ++m) prefetch_bounds(item.kmax, item.kmin, m, eligible, D);
+    };
+    for (int64_t j = 0; j < kPrefetchSuperblocks && j < count; ++j) prefetch(j);
     int64_t at = 0;
-    for (const int32_t u : s.candidate_superblocks) {
-      const int64_t first = u * U, blocks = std::min(U, eligible - first);
+    for (int64_t j = 0; j < count;) {
+      int64_t end = j + 1;
+      while (end < count && supers[end] == supers[end - 1] + 1) ++end;
+      for (int64_t ahead = j; ahead < end; ++ahead) prefetch(ahead + kPrefetchSuperblocks);
+      const int64_t first = supers[j] * U, blocks = std::min(supers[end - 1] * U + U, eligible) - first;
       score(first, blocks, at);
       at += blocks;
+      j = end;
     }
   };
   const auto exponent_at = [&](int64_t first) { return item.exponent ? item.exponent + first : nullptr; };
@@ -377,17 +424,15 @@ void choose_hierarchically(const SparseBlockSelectParams& prm, const SelectItem<
       load_group_rows<T>(prm, item.b, item.n, i, s.query, tiles);
       const float* factor = nullptr;
       if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), tiles, Dp, D, s.row_factor);
-      const BoundRows rows = bound_rows(s.query.data(), tiles, Dp, s.query_positive, factor);
+      const auto score = run_scorer<true, TC>(bound_rows(s.query.data(), tiles, Dp, s.query_positive, factor), D, s);
       s.super_scores.resize(tiles * eligible_super);
-      score_blocks_per_row(rows, item.super_max, item.super_min, item.super_exponent, D, eligible_super,
-                           s.super_scores.data(), s);
+      score(item.super_max, item.super_min, item.super_exponent, eligible_super, s.super_scores.data());
       collect_candidates(s.super_scores.data(), G, eligible_super, eligible_super, keep_super, U, eligible, s);
       const int64_t candidates = static_cast<int64_t>(s.candidate_blocks.size());
       s.candidate_head_scores.resize(tiles * candidates);
-      s.candidate_scores.resize(tiles * U);  // one superblock's [rows][blocks]
+      s.candidate_scores.resize(tiles * candidates);  // one run's [rows][blocks]
       for_each_candidate([&](int64_t first, int64_t blocks, int64_t at) {
-        score_blocks_per_row(rows, item.kmax + first * D, item.kmin + first * D, exponent_at(first), D, blocks,
-                             s.candidate_scores.data(), s);
+        score(item.kmax + first * D, item.kmin + first * D, exponent_at(first), blocks, s.candidate_scores.data());
         for (int64_t g = 0; g < G; ++g)
           std::copy_n(s.candidate_scores.data() + g * blocks, blocks, s.candidate_head_scores.data() + g * candidates + at);
       });
@@ -400,15 +445,14 @@ void choose_hierarchically(const SparseBlockSelectParams& prm, const SelectItem<
   const int64_t heads = load_query_rows<T>(prm, item.b, item.n, i, own, s.query);
   const float* factor = nullptr;
   if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), heads, Dp, D, s.row_factor);
-  const BoundRows rows = bound_rows(s.query.data(), heads, Dp, s.query_positive, factor);
+  const auto score = run_scorer<false, TC>(bound_rows(s.query.data(), heads, Dp, s.query_positive, factor), D, s);
   s.begin_best(0);
   s.super_scores.resize(eligible_super);
-  score_blocks(rows, item.super_max, item.super_min, item.super_exponent, D, eligible_super, s.super_scores.data(), s);
+  score(item.super_max, item.super_min, item.super_exponent, eligible_super, s.super_scores.data());
   collect_candidates(s.super_scores.data(), 1, eligible_super, eligible_super, keep_super, U, eligible, s);
   s.candidate_scores.resize(s.candidate_blocks.size());
   for_each_candidate([&](int64_t first, int64_t blocks, int64_t at) {
-    score_blocks(rows, item.kmax + first * D, item.kmin + first * D, exponent_at(first), D, blocks,
-                 s.candidate_scores.data() + at, s);
+    score(item.kmax + first * D, item.kmin + first * D, exponent_at(first), blocks, s.candidate_scores.data() + at);
   });
   choose_best_candidates(s.candidate_scores.data(), count, s);
 }
