@@ -362,11 +362,13 @@ template <bool PerRow, typename TC>
 auto run_scorer(const BoundRows& rows, int64_t D, SelectScratch& s) {
 #if defined(QUEST_INT8_DOT)
   if constexpr (kInt8Bounds<TC>) {
-    const int64_t count_rows = PerRow || rows.heads == 1 ? rows.heads : (rows.heads + 3) / 4 * 4;
+    // Byte rows in whole tiles of four (the mean row alone): rows.heads of them count.
+    const int64_t count_rows = !PerRow && rows.heads == 1 ? 1 : (rows.heads + 3) / 4 * 4;
     const ByteRows bytes = byte_rows(rows, count_rows, D, s);
-    return [bytes, D, &s](const TC* kmax, const TC* kmin, const int8_t* exponent, int64_t count, float* out) {
+    return [bytes, count_rows, D, &s](const TC* kmax, const TC* kmin, const int8_t* exponent, int64_t count,
+                                      float* out) {
       if constexpr (PerRow)
-        integer_score_blocks_per_row(bytes, bytes.heads, kmax, kmin, exponent, D, count, out);
+        integer_score_blocks_per_row(bytes, count_rows, kmax, kmin, exponent, D, count, out);
       else
         integer_score_blocks(bytes, kmax, kmin, exponent, D, count, out, s);
     };
@@ -424,7 +426,9 @@ void choose_hierarchically(const SparseBlockSelectParams& prm, const SelectItem<
       load_group_rows<T>(prm, item.b, item.n, i, s.query, tiles);
       const float* factor = nullptr;
       if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), tiles, Dp, D, s.row_factor);
-      const auto score = run_scorer<true, TC>(bound_rows(s.query.data(), tiles, Dp, s.query_positive, factor), D, s);
+      BoundRows prepared = bound_rows(s.query.data(), tiles, Dp, s.query_positive, factor);
+      prepared.heads = G;  // the rows that count: the padding may be scored, its scores are never read
+      const auto score = run_scorer<true, TC>(prepared, D, s);
       s.super_scores.resize(tiles * eligible_super);
       score(item.super_max, item.super_min, item.super_exponent, eligible_super, s.super_scores.data());
       collect_candidates(s.super_scores.data(), G, eligible_super, eligible_super, keep_super, U, eligible, s);

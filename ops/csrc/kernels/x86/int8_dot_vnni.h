@@ -157,8 +157,14 @@ inline void integer_score_blocks_per_row(const ByteRows& q, int64_t rows, const 
       prefetch_bounds(kmax, kmin, ahead, eligible, D);
     const __m128 scale = block_scales4(exponent + m);
     for (int64_t g = 0; g < rows; g += 4) {
-      integer_tile<4, 4>(q, g, kmax + m * D, kmin + m * D, D, sums);
-      for (int64_t k = 0; k < 4; ++k)
+      // A last tile of at most two rows that count (groups of 2, 6, ...) skips its rows of zeros:
+      // their scores are never read.
+      const int64_t live = q.heads - g <= 2 ? 2 : 4;
+      if (live == 2)
+        integer_tile<2, 4>(q, g, kmax + m * D, kmin + m * D, D, sums);
+      else
+        integer_tile<4, 4>(q, g, kmax + m * D, kmin + m * D, D, sums);
+      for (int64_t k = 0; k < live; ++k)
         _mm_storeu_ps(scores + (g + k) * eligible + m, _mm_mul_ps(row_scores4(q, g + k, sums + 4 * k), scale));
     }
   }
