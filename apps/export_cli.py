@@ -93,6 +93,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--score", choices=("bound", "probe"), default="bound",
                    help="block scores: Quest's upper bound (default) or probes of num-probes keys per block")
     p.add_argument("--num-probes", type=_setting("num_probes"), default=8, help="keys per block read by --score probe (default 8)")
+    p.add_argument("--superblock-size", type=int, default=None,
+                   help="blocks per superblock of the hierarchical selection: past --candidate-factor x its blocks a "
+                   "decode query ranks only its best superblocks' blocks, reading a fraction of the bounds "
+                   "(approximate there; docs/ops.md); 0: the flat selection (default "
+                   f"{SPARSE_BLOCK_SELECT.attribute('superblock_size').default} with --score bound)")
+    p.add_argument("--candidate-factor", type=_setting("candidate_factor"), default=_DEFAULT.candidate_factor,
+                   help="candidate blocks per selected block of the hierarchical selection (default "
+                   f"{_DEFAULT.candidate_factor})")
     prefill = p.add_argument_group("sparse prefill (Generator(prefill='sparse'), quest-ort --prefill sparse; "
                                    "docs/ops.md chunk queries)")
     prefill.add_argument("--prefill-share", type=_setting("chunk_share"), default=_DEFAULT.chunk_share,
@@ -167,6 +175,7 @@ def main(argv=None) -> int:
             weights=args.weights, key_smoothing=not args.no_key_smoothing, chunk_share=args.prefill_share,
             chunk_window=args.prefill_window, chunk_sink=args.prefill_sink, chunk_size=args.prefill_chunk,
             chunk_top_k=args.prefill_top_k, chunk_pool=args.prefill_pool, chunk_floor=args.prefill_floor,
+            superblock_size=args.superblock_size, candidate_factor=args.candidate_factor,
         )
     except ValueError as error:
         print(f"export-sparse: error: {error}", file=sys.stderr)

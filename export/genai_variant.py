@@ -64,6 +64,31 @@ def _fix_dims(value_info, dims) -> None:
             dim.dim_value = size
 
 
+def _select_flat(graph) -> None:
+    """The graph's selections made flat, in place: genai carries two states per layer (the block
+    bounds), so the variant drops the superblock bounds, their QuestMetadata nodes and the
+    SparseBlockSelect inputs and attributes that take them (docs/ops.md: below candidate_factor * K
+    blocks the two select the same blocks; past it the variant selects flat, exactly)."""
+    from ..ops.schemas import SPARSE_BLOCK_SELECT
+
+    first_super = SPARSE_BLOCK_SELECT.input_index("super_max")
+    dropped = set()
+    for node in graph.node:
+        if node.op_type == "SparseBlockSelect":
+            dropped.update(name for name in node.input[first_super:] if name)
+            del node.input[first_super:]
+            kept = [a for a in node.attribute if a.name not in ("superblock_size", "candidate_factor")]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+    producers = [node for node in graph.node if any(name in dropped for name in node.output)]
+    states = {name for node in producers for name in (*node.input, *node.output) if "super_" in name}
+    for node in producers:
+        graph.node.remove(node)
+    for values in (graph.input, graph.output):
+        for value in [v for v in values if v.name in states]:
+            values.remove(value)
+
+
 def genai_graph(graph_path: pathlib.Path, sidecar):
     """The genai variant of the exported graph (a ModelProto whose weights stay in the folder's data
     file: only the graph is read and written)."""
@@ -72,6 +97,8 @@ def genai_graph(graph_path: pathlib.Path, sidecar):
 
     model = onnx.load(str(graph_path), load_external_data=False)
     graph = model.graph
+    if sidecar.settings.superblocks:
+        _select_flat(graph)
     geometry, capacity = sidecar.geometry, sidecar.capacity
     heads, size, blocks = geometry.kv_num_heads, geometry.head_dim, -(-capacity // sidecar.settings.block_size)
     inputs = [value for value in graph.input if value.name not in LENGTH_INPUTS]

@@ -84,7 +84,8 @@ def folder_sidecar(onnx_model, rewrite: RewriteResult, geometry: Geometry, famil
         raise ExportError(f"the rewritten graph's block bounds are {graph_bounds}, its settings say "
                           f"{settings.bounds_dtype}")
     layers = [Sidecar.layer_io(layer, layer in rewrite.sparse_layers, settings.importance,
-                               int8=settings.kv_dtype == "int8", int8_bounds=settings.bounds_dtype == "int8")
+                               int8=settings.kv_dtype == "int8", int8_bounds=settings.bounds_dtype == "int8",
+                               superblocks=settings.superblocks > 0)
               for layer in range(geometry.num_layers)]
     return Sidecar(
         model_file=MODEL_FILE, family=family, source=source, geometry=geometry, settings=settings,

@@ -4,7 +4,9 @@ Per layer: key and value [B, N, C, D] in the sidecar's kv_dtype (with int8 cache
 scales key_scale / value_scale [B, N, C] float16); for a sparse layer also the block bounds
 block_max / block_min [B, N, ceil(C / P), D] in its bounds dtype and, when the layer tracks it,
 the accumulated block importance [B, N, ceil(C / P)] float32, and with int8 bounds their per-block
-exponents block_exponent [B, N, ceil(C / P)] int8. Each cache is the graph input the
+exponents block_exponent [B, N, ceil(C / P)] int8; where it selects hierarchically (superblock_size U
+not 0) also the superblock bounds super_max / super_min [B, N, ceil(ceil(C / P) / U), D] (and their
+exponents super_exponent with int8 bounds). Each cache is the graph input the
 sidecar's LayerIO names (its present output updates it in place).
 """
 
@@ -38,6 +40,9 @@ class LayerCaches(Generic[T]):
     key_scale: T | None = None
     value_scale: T | None = None
     block_exponent: T | None = None
+    super_max: T | None = None
+    super_min: T | None = None
+    super_exponent: T | None = None
 
     def items(self) -> Iterator[tuple[str, T]]:
         """(role, cache) of every cache the layer has."""
@@ -67,12 +72,16 @@ def cache_layout(sidecar: Sidecar, batch: int, capacity: int) -> list[LayerCache
     """Every layer's caches for `batch` rows of `capacity` tokens."""
     geometry, settings = sidecar.geometry, sidecar.settings
     heads, blocks = geometry.kv_num_heads, -(-capacity // settings.block_size)
+    supers = -(-blocks // max(settings.superblocks, 1))
     shapes = {"key": (batch, heads, capacity, geometry.head_dim), "value": (batch, heads, capacity, geometry.head_dim),
               "block_max": (batch, heads, blocks, geometry.head_dim), "block_min": (batch, heads, blocks, geometry.head_dim),
               "block_importance": (batch, heads, blocks), "key_scale": (batch, heads, capacity),
-              "value_scale": (batch, heads, capacity), "block_exponent": (batch, heads, blocks)}
+              "value_scale": (batch, heads, capacity), "block_exponent": (batch, heads, blocks),
+              "super_max": (batch, heads, supers, geometry.head_dim), "super_min": (batch, heads, supers, geometry.head_dim),
+              "super_exponent": (batch, heads, supers)}
     dtypes = {"key": settings.kv_dtype, "value": settings.kv_dtype, "block_max": sidecar.bounds_dtype,
               "block_min": sidecar.bounds_dtype, "block_importance": "float32", "key_scale": "float16",
-              "value_scale": "float16", "block_exponent": "int8"}
+              "value_scale": "float16", "block_exponent": "int8", "super_max": sidecar.bounds_dtype,
+              "super_min": sidecar.bounds_dtype, "super_exponent": "int8"}
     return [LayerCaches(**{role: CacheSpec(name, shapes[role], np.dtype(dtypes[role]))
                            for role, name in input_names(io).items()}) for io in sidecar.layers]

@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 import onnx
 
-from .settings import CHUNK_SETTINGS, WEIGHT_BITS
+from .settings import CHUNK_SETTINGS, SUPERBLOCK_SETTINGS, WEIGHT_BITS
 from .sidecar import LayerIO, ModelFolderError, Sidecar
 from ..ops.schemas import DOMAIN, OPS_BY_NAME
 
@@ -50,6 +50,11 @@ _METADATA_SLOTS = {field: (kind, _slot("QuestMetadata", kind, name)) for field, 
     ("past_block_max", "input", "block_max"), ("past_block_min", "input", "block_min"),
     ("present_block_max", "output", "block_max_out"), ("present_block_min", "output", "block_min_out"),
     ("past_block_exponent", "input", "block_exponent"), ("present_block_exponent", "output", "block_exponent_out"))}
+# The hierarchical selection's QuestMetadata (block size P * U), whose outputs feed SparseBlockSelect's
+# super_max / super_min (and super_exponent).
+_SUPER_METADATA_SLOTS = {field.replace("block", "super"): slot for field, slot in _METADATA_SLOTS.items()}
+_SUPER_MAX_INPUT = _slot("SparseBlockSelect", "input", "super_max")
+_BLOCK_MAX_INPUT = _slot("SparseBlockSelect", "input", "block_max")
 _IMPORTANCE_INPUT = _slot("SparseBlockSelect", "input", "block_importance")
 # SparseBlockAttention's block_importance output: the present importance is past + this.
 _ATTENTION_MASS_OUTPUT = _slot("SparseBlockAttention", "output", "block_importance")
@@ -163,6 +168,7 @@ class _Checker:
         self.graph = graph
         self.producer = {name: node for node in self.nodes for name in node.output if name}
         self.layers: list[_Layer] = []  # the graph's layers, when its attention is op nodes
+        self.super_metadata: set[int] = set()  # ids of the superblocks' QuestMetadata nodes (graph_layers)
 
     def fail(self, text: str):
         raise ModelFolderError(f"{self.sidecar_name}: {text}")
@@ -209,16 +215,23 @@ class _Checker:
             names = dict.fromkeys(f.name for f in dataclasses.fields(LayerIO))
             layer = _Layer(names, [node])
             self.read_slots(node, _ATTENTION_SLOTS, names)
-            # Its metadata: the QuestMetadata fed the same new keys; its selection reads that metadata.
+            # Its metadata: the QuestMetadata nodes fed the same new keys; its selection reads their
+            # bounds, the blocks' as block_max and, selecting hierarchically, the superblocks' as super_max.
             metadata = [n for n in nodes if n.op_type == "QuestMetadata" and n.input[0] == node.input[1]]
-            if metadata:
-                self.read_slots(metadata[0], _METADATA_SLOTS, names)
-                layer.nodes.append(metadata[0])
-                select = [n for n in consumers.get(metadata[0].output[0], []) if n.op_type == "SparseBlockSelect"]
-                if select:
-                    layer.nodes.append(select[0])
-                    if len(select[0].input) > _IMPORTANCE_INPUT and select[0].input[_IMPORTANCE_INPUT]:
-                        names["past_block_importance"] = select[0].input[_IMPORTANCE_INPUT]
+            selects = [n for m in metadata for n in consumers.get(m.output[0], []) if n.op_type == "SparseBlockSelect"]
+            select = selects[0] if selects else None
+            for meta in metadata:
+                feeds = select.input if select is not None else ()
+                if len(feeds) > _SUPER_MAX_INPUT and feeds[_SUPER_MAX_INPUT] == meta.output[0]:
+                    self.read_slots(meta, _SUPER_METADATA_SLOTS, names)
+                    self.super_metadata.add(id(meta))
+                elif select is None or feeds[_BLOCK_MAX_INPUT] == meta.output[0]:
+                    self.read_slots(meta, _METADATA_SLOTS, names)
+                layer.nodes.append(meta)
+            if select is not None:
+                layer.nodes.append(select)
+                if len(select.input) > _IMPORTANCE_INPUT and select.input[_IMPORTANCE_INPUT]:
+                    names["past_block_importance"] = select.input[_IMPORTANCE_INPUT]
             mass = node.output[_ATTENTION_MASS_OUTPUT] if len(node.output) > _ATTENTION_MASS_OUTPUT else ""
             adds = [n for n in consumers.get(mass, []) if n.op_type == "Add"] if mass else []
             if adds:
@@ -295,13 +308,18 @@ class _Checker:
         heads = ("kv_num_heads", s.geometry.kv_num_heads)
         cache = [None, heads, ("capacity", s.capacity), ("head_dim", s.geometry.head_dim)]
         bounds = [None, heads, ("ceil(capacity / block_size)", blocks), ("head_dim", s.geometry.head_dim)]
+        supers = [None, heads, ("ceil(ceil(capacity / block_size) / superblock_size)",
+                                -(-blocks // max(s.settings.superblocks, 1))), ("head_dim", s.geometry.head_dim)]
         kinds = {"key": ("kv_dtype", s.settings.kv_dtype, cache), "value": ("kv_dtype", s.settings.kv_dtype, cache),
                  "block_max": ("bounds_dtype", s.bounds_dtype, bounds),
                  "block_min": ("bounds_dtype", s.bounds_dtype, bounds),
                  "block_importance": ("the block importance type", "float32", bounds[:3]),
                  "key_scale": ("the int8 caches' scale type", "float16", cache[:3]),
                  "value_scale": ("the int8 caches' scale type", "float16", cache[:3]),
-                 "block_exponent": ("the int8 bounds' exponent type", "int8", bounds[:3])}
+                 "block_exponent": ("the int8 bounds' exponent type", "int8", bounds[:3]),
+                 "super_max": ("bounds_dtype", s.bounds_dtype, supers),
+                 "super_min": ("bounds_dtype", s.bounds_dtype, supers),
+                 "super_exponent": ("the int8 bounds' exponent type", "int8", supers[:3])}
         for role, name in s.inputs.items():
             dtype, rank = _ROLES[role]
             yield "input", name, f"inputs.{role}", f"the element type of inputs.{role}", dtype, [None] * rank
@@ -345,6 +363,12 @@ class _Checker:
         described = self.s.to_dict()  # the sidecar's fields by name, as its JSON holds them
         # (the chunk settings also where the JSON leaves them out: they hold their defaults there)
         described.update({name: getattr(self.s.settings, name) for name in CHUNK_SETTINGS})
+        # (the hierarchical selection's where it selects so: a flat select's node leaves them at their defaults)
+        if self.s.settings.superblocks:
+            described.update({name: getattr(self.s.settings, name) for name in SUPERBLOCK_SETTINGS})
+        else:
+            for name in SUPERBLOCK_SETTINGS:
+                described.pop(name, None)
         # QuestMetadata must bound the keys as the caches hold them: int8 caches, int8 keys.
         described["key_cache_type"] = "int8" if self.s.settings.kv_dtype == "int8" else "float"
         for node in nodes:
@@ -356,6 +380,13 @@ class _Checker:
                     continue
                 found = _attribute(node, name, defaults.get(name))
                 expected = described[name]
+                if id(node) in self.super_metadata and name == "block_size":  # the superblocks' metadata
+                    size = self.s.settings.superblocks
+                    if found != expected * size:
+                        self.disagree("superblock_size", size, f"{node.op_type} node {node.name!r} of the superblock "
+                                      f"bounds has block_size = {found!r} (block_size x superblock_size = "
+                                      f"{expected * size})")
+                    continue
                 if not _same(expected, found):
                     where = f" (layer {layer_of[id(node)]})" if id(node) in layer_of else ""
                     field = "kv_dtype" if name == "key_cache_type" else name

@@ -15,7 +15,10 @@ from ..ops.schemas import SPARSE_BLOCK_SELECT
 # and an int attribute must fit in int32, so a bad value is refused here rather than by the checker.
 ATTRIBUTE_SETTINGS = ("top_k", "block_size", "sink_blocks", "recent_blocks", "importance_fraction", "num_probes",
                       "chunk_size", "chunk_top_k", "chunk_share", "chunk_window", "chunk_sink", "chunk_pool",
-                      "chunk_floor")
+                      "chunk_floor", "candidate_factor")
+# The hierarchical selection's settings (docs/ops.md, hierarchical selection): superblock_size 0 is
+# none (the flat selection: no superblock caches), else SparseBlockSelect's attribute of that name.
+SUPERBLOCK_SETTINGS = ("superblock_size", "candidate_factor")
 # The settings of a sparse prefill's chunk queries (docs/ops.md, chunk queries): SparseBlockSelect
 # attributes (chunk_size is SparseBlockAttention's too), written into a folder's sidecar only where
 # they differ from these defaults, which are the op schema's.
@@ -43,6 +46,15 @@ def top_k_for_budget(k: int, block_size: int) -> int:
     if k < 1 or block_size < 1:
         raise ValueError(f"--k and the block size must be at least 1, got k = {k}, block size = {block_size}")
     return -(-k * BUDGET_PAGE_TOKENS // block_size)
+
+
+def default_superblock_size(score: str = "bound", attention: str = "quest") -> int:
+    """The superblock size of an export that does not choose one (SparseSettings.superblock_size):
+    the op's default with bound scores, none with probes (they read keys, not bounds) or without
+    the Quest ops."""
+    if score == "probe" or attention != "quest":
+        return 0
+    return SPARSE_BLOCK_SELECT.attribute("superblock_size").default
 
 
 def default_bounds_dtype(kv_dtype: str, score: str = "bound") -> str:
@@ -95,6 +107,11 @@ class SparseSettings:
     chunk_sink: int = SPARSE_BLOCK_SELECT.attribute("chunk_sink").default
     chunk_pool: int = SPARSE_BLOCK_SELECT.attribute("chunk_pool").default
     chunk_floor: int = SPARSE_BLOCK_SELECT.attribute("chunk_floor").default
+    # The hierarchical selection (docs/ops.md): each sparse layer also keeps bounds over superblocks of
+    # superblock_size blocks, and a decode query past candidate_factor * top_k blocks ranks only the
+    # blocks of its best superblocks. None: default_superblock_size; 0: none (the flat selection).
+    superblock_size: int | None = None
+    candidate_factor: int = SPARSE_BLOCK_SELECT.attribute("candidate_factor").default
 
     def __post_init__(self):
         for name in ATTRIBUTE_SETTINGS:
@@ -106,6 +123,11 @@ class SparseSettings:
             raise ValueError(f"chunk_top_k = {self.chunk_top_k} cannot hold a prefill chunk's forced blocks: up to "
                              f"{most} (its own blocks, chunk_window = {self.chunk_window}, chunk_sink = "
                              f"{self.chunk_sink})")
+        if self.superblock_size is not None and (not isinstance(self.superblock_size, int) or self.superblock_size < 0
+                                                 or self.superblock_size > 2**31 - 1):
+            raise ValueError(f"superblock_size must be 0 (none) or a number of blocks, got {self.superblock_size!r}")
+        if self.superblock_size and self.score == "probe":
+            raise ValueError("superblock_size: score='probe' reads keys, not bounds; it takes no superblocks (0)")
         if self.weights not in WEIGHT_TYPES:
             raise ValueError(f"weights must be one of {list(WEIGHT_TYPES)}, got {self.weights!r}")
         if self.kv_dtype == "int8" and self.attention == "gqa":
@@ -125,6 +147,13 @@ class SparseSettings:
     def budget_tokens(self) -> int:
         """Tokens one selection reads, its forced blocks included."""
         return self.top_k * self.block_size
+
+    @property
+    def superblocks(self) -> int:
+        """The superblock size this export uses: superblock_size, or its default; 0 for none."""
+        if self.superblock_size is None:
+            return default_superblock_size(self.score, self.attention)
+        return self.superblock_size
 
     @property
     def importance(self) -> bool:

@@ -16,7 +16,7 @@ import pathlib
 
 from ..ops.reference.sparse_block_select import most_chunk_forced
 from ..ops.schemas import CACHE_TYPES, FLOAT_TYPES, SPARSE_BLOCK_SELECT
-from .settings import CHUNK_SETTINGS, WEIGHT_TYPES, Geometry, SparseSettings
+from .settings import CHUNK_SETTINGS, SUPERBLOCK_SETTINGS, WEIGHT_TYPES, Geometry, SparseSettings
 
 SIDECAR_NAME = "quest_model.json"
 FORMAT = "quest_ort.model/1"
@@ -29,14 +29,18 @@ class ModelFolderError(ValueError):
 
 # The caches of a layer, by role: LayerIO names each one's past input and present output.
 CACHE_ROLES = ("key", "value", "block_max", "block_min", "block_importance", "key_scale", "value_scale",
-               "block_exponent")
+               "block_exponent", "super_max", "super_min", "super_exponent")
 # The row scales of int8 key and value caches: named only in folders whose kv_dtype is int8 (and
 # left out of the JSON elsewhere, so float folders keep format 1's bytes).
 SCALE_FIELDS = ("past_key_scale", "past_value_scale", "present_key_scale", "present_value_scale")
 # The per-block exponents of int8 block bounds: named only by the sparse layers of folders whose
 # bounds_dtype is int8 (and likewise left out of the JSON elsewhere).
 EXPONENT_FIELDS = ("past_block_exponent", "present_block_exponent")
-_OMITTED_WHEN_NONE = SCALE_FIELDS + EXPONENT_FIELDS
+# The superblock bounds of the hierarchical selection: named only by the sparse layers of folders
+# whose superblock_size is not 0 (the exponents with int8 bounds), and likewise left out elsewhere.
+SUPER_BOUND_FIELDS = ("past_super_max", "past_super_min", "present_super_max", "present_super_min")
+SUPER_EXPONENT_FIELDS = ("past_super_exponent", "present_super_exponent")
+_OMITTED_WHEN_NONE = SCALE_FIELDS + EXPONENT_FIELDS + SUPER_BOUND_FIELDS + SUPER_EXPONENT_FIELDS
 
 
 @dataclasses.dataclass
@@ -57,6 +61,12 @@ class LayerIO:
     present_value_scale: str | None = None
     past_block_exponent: str | None = None
     present_block_exponent: str | None = None
+    past_super_max: str | None = None
+    past_super_min: str | None = None
+    present_super_max: str | None = None
+    present_super_min: str | None = None
+    past_super_exponent: str | None = None
+    present_super_exponent: str | None = None
 
     @property
     def sparse(self) -> bool:
@@ -76,7 +86,7 @@ _JSON_KEYS = ("model_file", "family", "source", "num_layers", "num_heads", "kv_n
               "activation_dtype", "kv_dtype", "capacity", "block_size", "top_k", "sink_blocks", "recent_blocks",
               "group_reduce", "importance_fraction", "sparse_layers", "dense_layers", "layers", "inputs", "outputs",
               "eos_token_ids", "tokenizer", "attention", "score", "num_probes", "portable", "bounds_dtype", "weights",
-              "key_smoothing", *CHUNK_SETTINGS, "exporter", "format")
+              "key_smoothing", *CHUNK_SETTINGS, *SUPERBLOCK_SETTINGS, "exporter", "format")
 # Fields older exports lack, and the values they mean there.
 _JSON_DEFAULTS = {
     "inputs": lambda: {"input_ids": "input_ids", "past_lens": "past_lens", "total_lens": "total_lens"},
@@ -85,9 +95,12 @@ _JSON_DEFAULTS = {
     "num_probes": lambda: 8, "portable": lambda: False, "bounds_dtype": lambda: None, "exporter": dict,
     "weights": lambda: "float", "key_smoothing": lambda: False,
     **{name: (lambda name=name: SPARSE_BLOCK_SELECT.attribute(name).default) for name in CHUNK_SETTINGS},
+    # exports older than the hierarchical selection select flat
+    "superblock_size": lambda: 0,
+    "candidate_factor": lambda: SPARSE_BLOCK_SELECT.attribute("candidate_factor").default,
 }
 # Fields left out of the JSON when they hold their default (their absence says it).
-_WRITTEN_UNLESS_DEFAULT = ("weights", "key_smoothing", *CHUNK_SETTINGS)
+_WRITTEN_UNLESS_DEFAULT = ("weights", "key_smoothing", *CHUNK_SETTINGS, *SUPERBLOCK_SETTINGS)
 
 
 @dataclasses.dataclass
@@ -187,7 +200,7 @@ class Sidecar:
 
     @staticmethod
     def layer_io(layer: int, sparse: bool, importance: bool = False, int8: bool = False,
-                 int8_bounds: bool = False) -> LayerIO:
+                 int8_bounds: bool = False, superblocks: bool = False) -> LayerIO:
         io = LayerIO(f"past_key.{layer}", f"past_value.{layer}", f"present_key.{layer}", f"present_value.{layer}")
         if int8:
             for field in SCALE_FIELDS:
@@ -198,6 +211,9 @@ class Sidecar:
             if int8_bounds:
                 io.past_block_exponent, io.present_block_exponent = (f"past_block_exponent.{layer}",
                                                                      f"present_block_exponent.{layer}")
+            if superblocks:
+                for field in SUPER_BOUND_FIELDS + (SUPER_EXPONENT_FIELDS if int8_bounds else ()):
+                    setattr(io, field, f"{field}.{layer}")
             if importance:
                 io.past_block_importance = f"past_block_importance.{layer}"
                 io.present_block_importance = f"present_block_importance.{layer}"
@@ -212,7 +228,7 @@ def tracks_importance(layers: list[LayerIO]) -> bool:
 # The sidecar's Quest settings are SparseBlockSelect attributes of the same names: their ranges and
 # choices come from the op schema, so the sidecar accepts exactly what the ops accept.
 _SELECT_FIELDS = ("num_heads", "kv_num_heads", "block_size", "top_k", "sink_blocks", "recent_blocks", "num_probes",
-                  "group_reduce", "score", "importance_fraction", *CHUNK_SETTINGS)
+                  "group_reduce", "score", "importance_fraction", *CHUNK_SETTINGS, "candidate_factor")
 _POSITIVE_FIELDS = ("num_layers", "head_dim", "vocab_size", "capacity")
 _CHOICES = {"activation_dtype": FLOAT_TYPES, "kv_dtype": CACHE_TYPES, "attention": ("quest", "gqa")}
 _STRING_FIELDS = ("model_file", "family", "source")
@@ -234,6 +250,11 @@ def _check_fields(data: dict, problem) -> None:
 
     for field in _POSITIVE_FIELDS:
         integer(field, 1)
+    size = data["superblock_size"]
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= 2**31 - 1:
+        raise problem("superblock_size", f"must be 0 (flat) or a number of blocks, got {size!r}")
+    if size and data["score"] == "probe":
+        raise problem("superblock_size", f"must be 0 with score 'probe' (it reads keys, not bounds), got {size}")
     for field in _SELECT_FIELDS:  # the op's own ranges (ops/schemas.py), as the exporter checks them
         spec = SPARSE_BLOCK_SELECT.attribute(field)
         value = data[field]
@@ -317,6 +338,17 @@ def _check_layers(data: dict, problem) -> None:
         if any(name is None for name in exponents) == int8_bounds:
             raise problem(where, "must name both block exponent caches (past and present) exactly when it is sparse "
                           f"and bounds_dtype is int8, got bounds_dtype {data['bounds_dtype']!r}")
+        supers = [getattr(io, field) for field in SUPER_BOUND_FIELDS]
+        hierarchical = io.sparse and data["superblock_size"] > 0
+        if any(name is None for name in supers) != all(name is None for name in supers):
+            raise problem(where, "must name all four superblock bound caches (past and present max and min) or none")
+        if (supers[0] is not None) != hierarchical:
+            raise problem(where, "must name the superblock bound caches exactly when it is sparse and superblock_size "
+                          f"is not 0, got superblock_size {data['superblock_size']!r}")
+        super_exponents = [getattr(io, field) for field in SUPER_EXPONENT_FIELDS]
+        if any(name is None for name in super_exponents) == (hierarchical and int8_bounds):
+            raise problem(where, "must name both superblock exponent caches (past and present) exactly when it selects "
+                          "hierarchically with int8 bounds")
         if importance[0] is not None and not io.sparse:
             raise problem(where, "has block importance caches but no block bounds: only sparse layers select")
         if io.sparse != (index in chosen["sparse_layers"]):

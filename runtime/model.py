@@ -152,8 +152,10 @@ class QuestModel:
 
     @property
     def block_size(self) -> int:
-        """The metadata block: truncate keeps whole blocks."""
-        return self.sidecar.settings.block_size
+        """The metadata block, or with the hierarchical selection's superblocks the superblock:
+        truncate keeps whole ones."""
+        settings = self.sidecar.settings
+        return settings.block_size * max(settings.superblocks, 1)
 
     @property
     def chunk_size(self) -> int:
@@ -181,9 +183,10 @@ class QuestModel:
                                                                           for layer in layout])
 
     def truncate(self, cache: KVCache, length: int) -> int:
-        """Forget every row's tokens from position `length` on, rounded down to a metadata block
-        (a block's bounds hold every key written into it, so a block is kept whole or not at all:
-        the bounds then equal those of a cache that never held the forgotten tokens). A cache that
+        """Forget every row's tokens from position `length` on, rounded down to a metadata block, or
+        a superblock where the folder has them (`block_size`: a block's bounds hold every key written
+        into it, so a block is kept whole or not at all: the bounds then equal those of a cache that
+        never held the forgotten tokens). A cache that
         accumulates block importance cannot take tokens back out of it and starts again from
         empty. Returns the tokens kept (of the shortest row)."""
         if not isinstance(cache, KVCache) or cache.buffers.keys() != self._cache_names:
@@ -194,7 +197,7 @@ class QuestModel:
             if any(layer.block_importance is not None for layer in cache.layers):
                 cache.reset()
             else:
-                block = self.sidecar.settings.block_size
+                block = self.block_size
                 cache.lengths[cut] = length // block * block
         return int(cache.lengths.min())
 
@@ -293,13 +296,16 @@ class QuestModel:
         row's partly filled metadata block (the step folds its keys into it) and the accumulated
         block importance. Key and value slots past `lengths` hold nothing valid, so a failed step
         leaves them harmless."""
-        block = cache.lengths // self.sidecar.settings.block_size
-        saved, index = [], None
+        settings = self.sidecar.settings
+        block = cache.lengths // settings.block_size
+        superblock = block // max(settings.superblocks, 1)
+        saved = []
         for layer in cache.layers:
-            for bounds in (layer.block_max, layer.block_min, layer.block_exponent):
+            for bounds, partial in ((layer.block_max, block), (layer.block_min, block), (layer.block_exponent, block),
+                                    (layer.super_max, superblock), (layer.super_min, superblock),
+                                    (layer.super_exponent, superblock)):
                 if bounds is not None:
-                    if index is None:  # every layer's bounds have the same blocks
-                        index = (np.arange(cache.batch), slice(None), np.minimum(block, bounds.shape[2] - 1))
+                    index = (np.arange(cache.batch), slice(None), np.minimum(partial, bounds.shape[2] - 1))
                     saved.append((bounds, index, bounds[index].copy()))
             if layer.block_importance is not None:
                 saved.append((layer.block_importance, ..., layer.block_importance.copy()))

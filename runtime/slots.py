@@ -371,6 +371,17 @@ class SlotFileError(ValueError):
 
 SLOT_FILE_FORMAT = "quest-ort slot 1"
 _POSITION_ROLES = ("key", "value", "key_scale", "value_scale")  # indexed by token; the rest by metadata block
+_SUPERBLOCK_ROLES = ("super_max", "super_min", "super_exponent")  # by superblock (the hierarchical selection's)
+
+
+def _saved_size(model, role: str, length: int) -> int:
+    """How much of a cache of `role` a slot of `length` tokens fills along its second axis: tokens,
+    metadata blocks or superblocks."""
+    settings = model.sidecar.settings
+    if role in _POSITION_ROLES:
+        return length
+    blocks = -(-length // settings.block_size)
+    return -(-blocks // settings.superblocks) if role in _SUPERBLOCK_ROLES else blocks
 
 
 def folder_identity(model) -> str:
@@ -388,8 +399,7 @@ def save_slot(model, slot: Slot, path: pathlib.Path, prefill: str) -> int:
     and what of them is reusable under the `prefill` mode that wrote them, with the folder's
     identity; returns the tokens saved."""
     length = int(slot.cache.lengths[0])
-    blocks = -(-length // model.sidecar.settings.block_size)
-    arrays = {f"{index}.{role}": array[0, :, : length if role in _POSITION_ROLES else blocks]
+    arrays = {f"{index}.{role}": array[0, :, : _saved_size(model, role, length)]
               for index, layer in enumerate(slot.cache.layers) for role, array in layer.items()}
     meta = {"format": SLOT_FILE_FORMAT, "folder": folder_identity(model), "prefill": prefill, "length": length,
             "reusable": slot.reusable, "tokens": slot.cached}
@@ -421,13 +431,12 @@ def restore_slot(model, slot: Slot, path: pathlib.Path, prefill: str) -> int:
         raise SlotFileError(f"{path.name}: its length, reusable count or tokens are not what a slot file holds")
     if not 0 <= length <= capacity or len(tokens) != length:
         raise SlotFileError(f"{path.name} holds {length} tokens; the cache holds {capacity}")
-    blocks = -(-length // model.sidecar.settings.block_size)
     targets = {f"{index}.{role}": array for index, layer in enumerate(slot.cache.layers) for role, array in layer.items()}
     if contents.keys() != targets.keys():
         raise SlotFileError(f"{path.name} holds other caches than this folder's")
     for name, array in contents.items():
         target = targets[name]
-        size = length if name.split(".")[1] in _POSITION_ROLES else blocks
+        size = _saved_size(model, name.split(".")[1], length)
         if array.dtype != target.dtype or array.shape != target.shape[1:2] + (size,) + target.shape[3:]:
             raise SlotFileError(f"{path.name}: {name} is {array.dtype} {array.shape}, not what the cache holds")
     for name, array in contents.items():

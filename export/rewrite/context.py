@@ -62,6 +62,20 @@ class RewriteContext:
         self.block_min: dict[int, ir.Value] = {}
         self.block_importance: dict[int, ir.Value] = {}
         self.block_exponent: dict[int, ir.Value] = {}
+        # The hierarchical selection's superblock bounds [B, N, MS, D] (and int8 exponents [B, N, MS]).
+        self.superblock_size = settings.superblocks
+        self.super_max: dict[int, ir.Value] = {}
+        self.super_min: dict[int, ir.Value] = {}
+        self.super_exponent: dict[int, ir.Value] = {}
+        self.super_outputs: dict[int, tuple] = {}
+        for layer in self.sparse_layers():
+            if self.superblock_size:
+                supers = [batch_dim, N, "num_superblocks", D]
+                self.super_max[layer] = input_value(f"past_super_max.{layer}", self.bounds_dtype, supers)
+                self.super_min[layer] = input_value(f"past_super_min.{layer}", self.bounds_dtype, supers)
+                if self.int8_bounds:
+                    self.super_exponent[layer] = input_value(f"past_super_exponent.{layer}", ir.DataType.INT8,
+                                                             supers[:3])
         for layer in self.sparse_layers():
             shape = [batch_dim, N, "num_blocks", D]
             self.block_max[layer] = input_value(f"past_block_max.{layer}", self.bounds_dtype, shape)
@@ -111,7 +125,7 @@ class RewriteContext:
         bounds = self.settings.bounds_dtype or default_bounds_dtype(kv, self.settings.score)
         return dataclasses.replace(
             self.settings, kv_dtype=kv, key_smoothing=self.settings.key_smoothing and kv == "int8",
-            bounds_dtype=bounds if sparse else None,
+            bounds_dtype=bounds if sparse else None, superblock_size=self.superblock_size if sparse else 0,
             dense_layers=tuple(i for i in range(self.geometry.num_layers) if i not in sparse),
             track_importance=self.settings.importance and bool(sparse))
 
@@ -130,7 +144,11 @@ class RewriteContext:
         ```
         key --QuestMetadata(past_block_max.l, past_block_min.l, [past_block_exponent.l])   (sparse)
             --> block_max', block_min', [block_exponent']                                  (int8 bounds)
-        query --SparseBlockSelect(block_max', block_min', exact_lens, [block_exponent'], chunk_lens)
+        key --QuestMetadata(past_super_max.l, past_super_min.l, [past_super_exponent.l],
+                            block_size = P * U)                                  (superblocks)
+            --> super_max', super_min', [super_exponent']
+        query --SparseBlockSelect(block_max', block_min', exact_lens, [block_exponent'], chunk_lens,
+                                  [super_max', super_min', [super_exponent']])
               --> block_indices, chunk_indices                                              (sparse)
         query, key, value --SparseBlockAttention(key_cache, value_cache, [block_indices, exact_lens],
                                                  [key_scale.l, value_scale.l],          (int8 caches)
@@ -162,11 +180,21 @@ class RewriteContext:
                                      chunk_pool=s.chunk_pool, chunk_floor=s.chunk_floor)
             if s.importance_fraction:
                 select_attributes["importance_fraction"] = s.importance_fraction
+            supers = ()
+            if self.superblock_size:
+                super_exponent = self.super_exponent.get(layer)
+                coarse = op.QuestMetadata(
+                    key, self.super_max[layer], self.super_min[layer], self.past_lens, self.total_lens, super_exponent,
+                    block_size=s.block_size * self.superblock_size, **key_cache_type, _domain=DOMAIN,
+                    _outputs=3 if super_exponent else 2)
+                self.super_outputs[layer] = tuple(coarse)
+                supers = tuple(coarse)
+                select_attributes.update(superblock_size=self.superblock_size, candidate_factor=s.candidate_factor)
             probe_inputs = (key_cache, key) if s.score == "probe" else (None, None)
             indices, chunk_indices = op.SparseBlockSelect(
                 query, block_max, block_min, self.past_lens, self.total_lens, importance, *probe_inputs,
-                self.exact_lens, exponent_out, self.chunk_lens, **heads, **select_attributes, _domain=DOMAIN,
-                _outputs=2)
+                self.exact_lens, exponent_out, self.chunk_lens, *supers, **heads, **select_attributes,
+                _domain=DOMAIN, _outputs=2)
         scales = (self.key_scale[layer], self.value_scale[layer]) if self.int8 else (None, None)
         chunks = (chunk_indices, self.chunk_lens) if chunk_indices is not None else ()
         chunk_size = {"chunk_size": s.chunk_size} if chunks else {}

@@ -3,7 +3,7 @@
 - inputs: input_ids, past_lens, total_lens, exact_lens and chunk_lens (when a layer is sparse), logits_keep (when
   the logits come from a head the rewrite can slice: logits.py), and per layer
   past_key.l, past_value.l [B,N,C,D] (+ past_block_max.l, past_block_min.l [B,N,M,D] for sparse
-  layers);
+  layers, and past_super_max.l, past_super_min.l [B,N,MS,D] where they select hierarchically);
 - outputs: logits and present_*.l, each bound in place to its past input by the runtime;
 - RoPE positions come from past_lens (`past_lens[b] + i`), not from a position_ids input;
 - the attention mask input is gone: validity comes from past_lens and total_lens.
@@ -72,6 +72,7 @@ def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_val
     N, D = g.kv_num_heads, g.head_dim
     cache_shape = [context.batch_dim, N, "capacity", D]
     meta_shape = [context.batch_dim, N, "num_blocks", D]
+    super_shape = [context.batch_dim, N, "num_superblocks", D]
     for layer in range(g.num_layers):
         _retype(past_key[layer], f"past_key.{layer}", context.kv_dtype, cache_shape)
         _retype(past_value[layer], f"past_value.{layer}", context.kv_dtype, cache_shape)
@@ -98,6 +99,16 @@ def finish_io(model: ir.Model, context: RewriteContext, past_key: dict, past_val
             new_inputs.append(context.block_exponent[layer])
             _retype(exponent[0], f"present_block_exponent.{layer}", ir.DataType.INT8, meta_shape[:3])
             graph.outputs.append(exponent[0])
+        if layer in context.super_outputs:  # the hierarchical selection's superblock bounds
+            super_max, super_min, *super_exponent = context.super_outputs[layer]
+            new_inputs += [context.super_max[layer], context.super_min[layer]]
+            _retype(super_max, f"present_super_max.{layer}", context.bounds_dtype, super_shape)
+            _retype(super_min, f"present_super_min.{layer}", context.bounds_dtype, super_shape)
+            graph.outputs.extend([super_max, super_min])
+            if super_exponent:
+                new_inputs.append(context.super_exponent[layer])
+                _retype(super_exponent[0], f"present_super_exponent.{layer}", ir.DataType.INT8, super_shape[:3])
+                graph.outputs.append(super_exponent[0])
         if layer in context.importance_outputs:
             new_inputs.append(context.block_importance[layer])
             importance = context.importance_outputs[layer]

@@ -25,7 +25,8 @@ SIDECAR = "quest_model.json"
 GRAPH = "model.quest.onnx"
 # The folders the tests copy and break: a sparse export with block importance (every kind of cache),
 # its dense GroupQueryAttention baseline, and a portable one (Quest ops written as standard ops).
-QUEST = dict(top_k=4, importance_fraction=0.5)
+QUEST = dict(top_k=4, importance_fraction=0.5, superblock_size=0)  # flat: format 1's JSON, bytes and all
+HIERARCHICAL = dict(top_k=4, importance_fraction=0.5)  # the default superblocks (docs/ops.md, hierarchical selection)
 GQA = dict(top_k=4, attention="gqa")
 
 
@@ -151,6 +152,38 @@ def test_a_sidecar_that_disagrees_with_the_graph_is_refused_naming_the_field(tmp
     folder = _folder(tmp_path)
     _edit_sidecar(folder, edit)
     _refused(folder, SIDECAR, GRAPH, *words)
+
+
+# A hierarchical export's sidecar edited (the default superblocks: 16 blocks of 16 here).
+HIERARCHICAL_DISAGREEMENTS = [
+    ("superblock_size", lambda d: d.update(superblock_size=8), ["superblock_size", "8", "256"]),
+    ("candidate_factor", lambda d: d.update(candidate_factor=4), ["candidate_factor", "4", "16"]),
+    ("superblock max and min swapped", lambda d: _swap(_layers(d), (1, "past_super_max"), (1, "past_super_min")),
+     ["layers[1].past_super_max", "'past_super_min.1'", "'past_super_max.1'"]),
+    ("superblock bounds swapped between layers",
+     lambda d: _swap(_layers(d), (1, "present_super_max"), (2, "present_super_max")),
+     ["layers[1].present_super_max", "'present_super_max.2'", "'present_super_max.1'"]),
+]
+
+
+@pytest.mark.parametrize("label, edit, words", HIERARCHICAL_DISAGREEMENTS,
+                         ids=[case[0] for case in HIERARCHICAL_DISAGREEMENTS])
+def test_a_hierarchical_sidecar_that_disagrees_with_the_graph_is_refused_naming_the_field(tmp_path, label, edit,
+                                                                                         words):
+    folder = _folder(tmp_path, **HIERARCHICAL)
+    _edit_sidecar(folder, edit)
+    _refused(folder, SIDECAR, GRAPH, *words)
+
+
+@pytest.mark.parametrize("label, edit, words", [
+    ("superblocks named in a flat folder", lambda d: d.update(superblock_size=0), ["superblock_size", "layers[1]"]),
+    ("superblocks with probe scores", lambda d: d.update(score="probe"), ["superblock_size", "'probe'"]),
+    ("a negative superblock size", lambda d: d.update(superblock_size=-1), ["superblock_size", "-1"]),
+], ids=lambda value: value if isinstance(value, str) else "")
+def test_a_hierarchical_sidecar_that_contradicts_itself_is_refused(tmp_path, label, edit, words):
+    folder = _folder(tmp_path, **HIERARCHICAL)
+    _edit_sidecar(folder, edit)
+    _refused(folder, SIDECAR, *words)
 
 
 def _attribute(model, op_type, name, value, *, only_first=False):
@@ -480,6 +513,18 @@ FORMAT_1_KEYS = (
     "activation_dtype", "kv_dtype", "capacity", "block_size", "top_k", "sink_blocks", "recent_blocks", "group_reduce",
     "importance_fraction", "sparse_layers", "dense_layers", "layers", "inputs", "outputs", "eos_token_ids", "tokenizer",
     "attention", "score", "num_probes", "portable", "bounds_dtype", "exporter", "format")
+
+
+def test_a_hierarchical_sidecar_adds_its_superblock_size_to_format_1s_json():
+    from quest_ort.model_folder.sidecar import Sidecar
+
+    folder = quest_export("qwen3", **HIERARCHICAL)
+    text = (folder / SIDECAR).read_text()
+    written = json.loads(text)
+    assert tuple(written) == FORMAT_1_KEYS[:-2] + ("superblock_size", "exporter", "format")
+    assert written["superblock_size"] == 16 and all("past_super_max" in layer for layer in written["layers"][1:])
+    sidecar = Sidecar.read(folder)
+    assert sidecar.to_json() + "\n" == text and sidecar.settings.superblocks == 16
 
 
 @pytest.mark.parametrize("settings", [QUEST, GQA], ids=["quest", "gqa"])

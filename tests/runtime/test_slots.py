@@ -73,7 +73,7 @@ def test_a_request_goes_to_the_slot_holding_its_prefix_and_gets_its_reply_alone_
     generator = TextGenerator(_model(), slots=2)
     for prompt in (other, first):  # `third` then takes the slot used least recently: other's
         generator.complete(prompt, max_new_tokens=8).read()
-    block = _model().sidecar.settings.block_size
+    block = _model().block_size  # the truncation unit: a superblock
     again = first + [7, 8, 9]
     # while another request runs in the other slot
     busy = generator.complete(third, max_new_tokens=30)
@@ -113,7 +113,7 @@ def test_an_idle_row_at_the_capacity_leaves_room_for_the_others_steps():
     streams = [generator.complete(prompt, max_new_tokens=12) for prompt in (left, right)]  # slots 2 and 0
     _read_in_turns(streams)
     assert [s.tokens for s in streams] == [_alone(left, 12)[0], _alone(right, 12)[0]]
-    block = _model().sidecar.settings.block_size
+    block = _model().block_size  # the truncation unit: a superblock
     assert generator.cache.lengths[1] == 255 // block * block
 
 
@@ -128,7 +128,7 @@ def test_a_saved_slot_restored_gives_the_same_logits_bit_for_bit(tmp_path):
     request = prompt + follow
     stream = restored.complete(request, max_new_tokens=12, logprobs=0)
     stream.read()
-    block = _model().sidecar.settings.block_size
+    block = _model().block_size  # the truncation unit: a superblock
     assert stream.usage.reused_tokens == len(prompt) // block * block  # the restored slot's prefix
     expected = saver.complete(request, max_new_tokens=12, logprobs=0)
     expected.read()

@@ -118,7 +118,7 @@ def test_stop_strings_cut_the_text_before_them_and_hold_back_what_may_become_one
 
 def test_truncate_keeps_whole_blocks_and_then_equals_a_cache_that_never_held_the_rest():
     model = _model()
-    block = model.sidecar.settings.block_size
+    block = model.block_size  # the truncation unit: a superblock
     rng = np.random.default_rng(3)
     head, tail, other = (rng.integers(0, TEXT_VOCAB, n)[None] for n in (2 * block, block, block))
     cut = model.new_cache(1)
@@ -130,8 +130,8 @@ def test_truncate_keeps_whole_blocks_and_then_equals_a_cache_that_never_held_the
     model.step(fresh, head, exact=True)
     logits_cut, logits_fresh = model.step(cut, other), model.step(fresh, other)
     np.testing.assert_array_equal(logits_cut, logits_fresh)
-    for name, array in fresh.buffers.items():
-        held = 3 * block if "block" not in name else 3
+    for name, array in fresh.buffers.items():  # 3 superblocks: their tokens, blocks and superblocks
+        held = 3 * block // model.sidecar.settings.block_size if "block" in name else 3 if "super" in name else 3 * block
         np.testing.assert_array_equal(cut.buffers[name][:, :, :held], array[:, :, :held], err_msg=name)
 
 
@@ -148,7 +148,7 @@ def test_a_request_reuses_the_cached_prefix_and_generates_what_a_fresh_generator
     # prompt's whole blocks only: sparse decode steps computed the reply's keys and values, which a
     # fresh prefill of the longer prompt computes exactly.
     assert generator.cached == prompt + first.tokens[:-1]
-    block = model.sidecar.settings.block_size
+    block = model.block_size  # the truncation unit: a superblock
     longer = prompt + first.tokens + tokenizer.encode("more")
     second = generator.complete(longer, max_new_tokens=4)
     second.read()
@@ -175,7 +175,7 @@ def test_a_request_gets_the_tokens_a_fresh_generator_gives_whatever_ran_before_i
     the cache then holds. Layer 1 is sparse: the keys and values of layer 2 depend on how its
     attention read the context (a sparse decode step's reply tokens differ from their exact prefill)."""
     model = QuestModel(text_export(dense_layers=(0,)), threads=1)
-    block = model.sidecar.settings.block_size
+    block = model.block_size  # the truncation unit: a superblock
     rng = np.random.default_rng(21)
     ids = lambda n: rng.integers(END_OF_TURN_ID + 1, TEXT_VOCAB, n).tolist()  # noqa: E731
 
@@ -185,8 +185,9 @@ def test_a_request_gets_the_tokens_a_fresh_generator_gives_whatever_ran_before_i
         assert _reply(served, prompt) == _reply(fresh, prompt)
         held = len(fresh.cached)
         assert served.cached == fresh.cached
-        for name, array in fresh.cache.buffers.items():
-            length = -(-held // block) if "block" in name else held
+        P = model.sidecar.settings.block_size
+        for name, array in fresh.cache.buffers.items():  # what the held tokens fill: tokens, blocks, superblocks
+            length = -(-held // P) if "block" in name else -(-held // block) if "super" in name else held
             np.testing.assert_array_equal(served.cache.buffers[name][:, :, :length], array[:, :, :length],
                                           err_msg=name)
 
@@ -202,7 +203,7 @@ def test_a_request_gets_the_tokens_a_fresh_generator_gives_whatever_ran_before_i
 
 def test_reused_positions_are_those_a_fresh_prefill_computes_the_same_way():
     model = _model()
-    block, chunk = model.sidecar.settings.block_size, model.sidecar.settings.chunk_size
+    block, chunk = model.block_size, model.sidecar.settings.chunk_size
     prompt = np.random.default_rng(22).integers(END_OF_TURN_ID + 1, TEXT_VOCAB, 150).tolist()
     for prefill, reused in (("exact", len(prompt) // block * block),  # every exactly prefilled block
                             ("sparse", (len(prompt) - 64) // chunk * chunk),  # whole chunks before the exact tail

@@ -51,18 +51,20 @@ def tiny_model(family: str) -> TinyModel:
 def quest_export(family: str, top_k: int, block_size: int = 16, kv_dtype: str = "float32",
                  dense_layers: tuple[int, ...] = (0,), score: str = "bound",
                  importance_fraction: float = 0.0, attention: str = "quest", group_reduce: str = "mean",
-                 bounds_dtype: str | None = None, capacity: int = 512) -> pathlib.Path:
+                 bounds_dtype: str | None = None, capacity: int = 512,
+                 superblock_size: int | None = None) -> pathlib.Path:
     """The tiny model exported once per setting (`attention="gqa"`: the dense GroupQueryAttention
-    baseline) for caches of up to `capacity` tokens."""
+    baseline) for caches of up to `capacity` tokens; `superblock_size` None: the export's default."""
     tiny = tiny_model(family)
     output = _ROOT / (f"{family}-{attention}-k{top_k}-p{block_size}-{kv_dtype}-d{'_'.join(map(str, dense_layers))}"
                       f"-{score}-i{importance_fraction}-{group_reduce}" + (f"-b{bounds_dtype}" if bounds_dtype else "")
-                      + (f"-c{capacity}" if capacity != 512 else ""))
+                      + (f"-c{capacity}" if capacity != 512 else "")
+                      + (f"-u{superblock_size}" if superblock_size is not None else ""))
     if (output / "quest_model.json").is_file():  # the same setting spelled with other arguments
         return output
     settings = SparseSettings(top_k=top_k, block_size=block_size, dense_layers=dense_layers, kv_dtype=kv_dtype,
                               score=score, importance_fraction=importance_fraction, attention=attention,
-                              group_reduce=group_reduce, bounds_dtype=bounds_dtype)
+                              group_reduce=group_reduce, bounds_dtype=bounds_dtype, superblock_size=superblock_size)
     export_sparse(family, output=output, settings=settings, model=str(tiny.checkpoint), capacity=capacity,
                   log=lambda *a, **k: None)
     return output
@@ -95,8 +97,10 @@ def text_export(top_k: int = 4, capacity: int = 256, dense_layers: tuple[int, ..
     folder = _ROOT / f"qwen3-text-k{top_k}-c{capacity}"
     if not (folder / "checkpoint").is_dir():
         build_default_model(FAMILIES["qwen3"], folder / "checkpoint", **{**TINY["qwen3"], "vocab_size": TEXT_VOCAB})
-    settings = SparseSettings(top_k=top_k) if dense_layers is None else SparseSettings(top_k=top_k,
-                                                                                      dense_layers=dense_layers)
+    # Superblocks of 2 blocks: the runtime keeps a reused prefix in whole superblocks (QuestModel.truncate),
+    # 16 tokens here, where the default's 128 would leave these tests' prompts nothing to reuse.
+    layers = {} if dense_layers is None else {"dense_layers": dense_layers}
+    settings = SparseSettings(top_k=top_k, superblock_size=2, **layers)
     output = folder / ("quest" if dense_layers is None else f"quest-d{'_'.join(map(str, dense_layers))}")
     export_sparse("qwen3", output=output, settings=settings, model=str(folder / "checkpoint"), capacity=capacity,
                   log=lambda *a, **k: None)
