@@ -38,7 +38,7 @@ import numpy as np
 from quest_ort.ops.reference.int8_rows import dequantize_rows
 
 from . import ROOT
-from .quality_runtime import block_bounds, bound_arrays, sharing_cache
+from .quality_runtime import block_bounds, bound_arrays, sharing_cache, super_arrays
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODELS = ROOT / "build" / "models"
@@ -94,7 +94,8 @@ def ensure_models(long: bool = False) -> dict[str, pathlib.Path]:
         # (named by what it exports, so an export of other defaults is not reused)
         bounds = default_bounds_dtype(kv_dtype, settings.score)
         name = "gqa" if attention == "gqa" else (f"quest-k{settings.top_k}-p{settings.block_size}-{settings.group_reduce}"
-                                                 + ("" if bounds == "float16" else f"-b{bounds}"))
+                                                 + ("" if bounds == "float16" else f"-b{bounds}")
+                                                 + (f"-u{settings.superblocks}" if settings.superblocks else ""))
         folder = MODELS / f"{base}-{name}-{kv_dtype}-{WEIGHTS}"
         if not (folder / "quest_model.json").is_file() or _older_export(folder):
             print(f"exporting {kind} ({base}) ...", flush=True)  # (again, when an older exporter wrote the folder)
@@ -141,7 +142,7 @@ def _random_fill(array: np.ndarray, rng) -> None:
             part[:] = rng.standard_normal(part.size, dtype=np.float32)
 
 
-def fill(cache, context: int, block_size: int | None, rng) -> None:
+def fill(cache, context: int, block_size: int | None, rng, superblock_size: int = 0) -> None:
     """Synthetic caches holding `context` tokens per row: random keys and values (int8 caches:
     random codes, row scales INT8_SCALE), and the block bounds QuestMetadata would write of the
     keys the cache holds (quality_runtime.block_bounds, by the op's NumPy reference)."""
@@ -156,10 +157,14 @@ def fill(cache, context: int, block_size: int | None, rng) -> None:
         keys = layer.key
         if layer.key_scale is not None:  # what an int8 cache holds: code x row scale, exact in float32
             keys = dequantize_rows(keys[..., :context, :], layer.key_scale[..., :context])
-        bounds = block_bounds(keys, context, block_size, layer.block_max.dtype)
-        blocks = bounds[0].shape[-2]
-        for array, values in zip(bound_arrays(layer), bounds, strict=True):
-            array[:, :, :blocks] = values
+        sets = [(bound_arrays(layer), block_size)]
+        if layer.super_max is not None:  # the hierarchical selection's superblocks
+            sets.append((super_arrays(layer), block_size * superblock_size))
+        for arrays, size in sets:
+            bounds = block_bounds(keys, context, size, layer.block_max.dtype)
+            blocks = bounds[0].shape[-2]
+            for array, values in zip(arrays, bounds, strict=True):
+                array[:, :, :blocks] = values
     cache.lengths[:] = context
 
 
@@ -193,6 +198,26 @@ def available_memory() -> int | None:
     return next((int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")), None)
 
 
+def selection_bound_bytes(settings, cache, context: int) -> int:
+    """The bound bytes a decode step's selections read at `context` cached tokens: every block's
+    bounds (flat); selecting hierarchically past candidate_factor * top_k blocks, every superblock's
+    and the candidates' blocks' (docs/ops.md)."""
+    blocks, size, current = -(-context // settings.block_size), settings.superblocks, context // settings.block_size
+    supers, count = current // max(size, 1) + 1, -(-settings.candidate_factor * settings.top_k // max(size, 1))
+    hierarchical = size and current + 1 > settings.top_k and count < supers  # the decode query at `context`
+    total = 0
+    for layer in cache.layers:
+        if layer.block_max is None:
+            continue
+        per_block = sum(array[:1, :, :1].nbytes for array in bound_arrays(layer))
+        if not hierarchical:
+            total += blocks * per_block
+            continue
+        per_super = sum(array[:1, :, :1].nbytes for array in super_arrays(layer))
+        total += supers * per_super + min(count * size, blocks) * per_block
+    return total * cache.batch
+
+
 def long_decode(folders: dict, threads: int, steps: int, rng) -> dict:
     """LONG_KINDS decoding in turns at each of LONG_CONTEXTS in caches of LONG_CAPACITY: rows as
     `decode`'s, each step's time over its 4K step, and the block bound bytes the Quest step reads.
@@ -212,13 +237,11 @@ def long_decode(folders: dict, threads: int, steps: int, rng) -> dict:
     rows, bound_bytes = [], {}
     for context in LONG_CONTEXTS:
         for kind in LONG_KINDS:
-            fill(caches[kind], context, block_size, rng)
+            fill(caches[kind], context, block_size, rng, models[kind].sidecar.settings.superblocks)
         ms = decode_round_robin(models, caches, context, steps)
         rows += [dict(model=kind, context=context, ms_per_token=round(value, 2), threads=threads)
                  for kind, value in ms.items()]
-        blocks = -(-context // block_size)  # every block's bounds: the selection reads them all
-        bound_bytes[str(context)] = sum(array[:, :, :blocks].nbytes for layer in caches["quest-int8"].layers
-                                        if layer.block_max is not None for array in bound_arrays(layer))
+        bound_bytes[str(context)] = selection_bound_bytes(quest.sidecar.settings, caches["quest-int8"], context)
         print(f"long, C={context:6d} " + "  ".join(f"{kind} {value:7.1f}" for kind, value in ms.items())
               + f" ms/token; Quest block bounds read per step {bound_bytes[str(context)] / 2**20:.0f} MiB", flush=True)
     del caches
@@ -226,7 +249,9 @@ def long_decode(folders: dict, threads: int, steps: int, rng) -> dict:
     for row in rows:
         row["over_first_context"] = round(row["ms_per_token"] / first[row["model"]], 2)
     return dict(capacity=LONG_CAPACITY, folders={kind: folders[kind].name for kind in LONG_KINDS},
-                selection="flat", bound_bytes_per_step=bound_bytes, rows=rows,
+                selection="hierarchical" if quest.sidecar.settings.superblocks else "flat",
+                superblock_size=quest.sidecar.settings.superblocks,
+                candidate_factor=quest.sidecar.settings.candidate_factor, bound_bytes_per_step=bound_bytes, rows=rows,
                 date=time.strftime("%Y-%m-%d"))
 
 
@@ -488,7 +513,7 @@ def main(argv=None):
     rows, speedups = [], {}
     for context in CONTEXTS:
         for kind in ("quest-float16", "quest-int8", "gqa-int8"):
-            fill(caches[kind], context, settings.block_size, rng)
+            fill(caches[kind], context, settings.block_size, rng, models[kind].sidecar.settings.superblocks)
         ms = decode_round_robin(models, caches, context, args.steps)
         for kind, value in ms.items():
             rows.append(dict(model=kind, context=context, ms_per_token=round(value, 2), threads=args.threads))

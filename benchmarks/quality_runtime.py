@@ -150,6 +150,20 @@ def bound_arrays(layer) -> tuple[np.ndarray, ...]:
     return tuple(array for array in (layer.block_max, layer.block_min, layer.block_exponent) if array is not None)
 
 
+def super_arrays(layer) -> tuple[np.ndarray, ...]:
+    """A layer's superblock bound caches (the hierarchical selection's; none where it selects flat)."""
+    return tuple(array for array in (layer.super_max, layer.super_min, layer.super_exponent) if array is not None)
+
+
+def bound_sets(model, layer) -> list[tuple[tuple[np.ndarray, ...], int]]:
+    """(bound caches, their block size) of a layer: its blocks', and its superblocks' where it has them."""
+    settings = model.sidecar.settings
+    sets = [(bound_arrays(layer), settings.block_size)]
+    if layer.super_max is not None:
+        sets.append((super_arrays(layer), settings.block_size * settings.superblocks))
+    return sets
+
+
 def held_keys(layer, row: int, length: int) -> np.ndarray:
     """Row `row`'s first `length` keys [N, length, D] as the layer's cache holds them: an int8 cache's
     codes times their row scales (exact in float32), a float cache's as they are."""
@@ -172,13 +186,13 @@ def check_block_bounds(model, cache: KVCache) -> None:
         if layer.block_max is None:
             continue
         for row, length in enumerate(cache.lengths.tolist()):
-            stored = [array[row] for array in bound_arrays(layer)]
-            computed = block_bounds(held_keys(layer, row, length), length, model.sidecar.settings.block_size,
-                                    stored[0].dtype)
-            blocks = computed[0].shape[-2]
-            if not all(same_bits(mine, theirs[:, :blocks]) for mine, theirs in zip(computed, stored, strict=True)):
-                raise AssertionError(f"recomputed block bounds differ from layer {index}'s (row {row}, {length} tokens, "
-                                     f"P={model.sidecar.settings.block_size}) that QuestMetadata built")
+            for kind, (arrays, size) in zip(("block", "superblock"), bound_sets(model, layer)):
+                stored = [array[row] for array in arrays]
+                computed = block_bounds(held_keys(layer, row, length), length, size, stored[0].dtype)
+                blocks = computed[0].shape[-2]
+                if not all(same_bits(mine, theirs[:, :blocks]) for mine, theirs in zip(computed, stored, strict=True)):
+                    raise AssertionError(f"recomputed {kind} bounds differ from layer {index}'s (row {row}, {length} "
+                                         f"tokens, blocks of {size}) that QuestMetadata built")
 
 
 def sharing_cache(model, source: KVCache) -> KVCache:
@@ -195,7 +209,8 @@ def sharing_cache(model, source: KVCache) -> KVCache:
 
     layers = [LayerCaches(shared.key, shared.value, own_bounds(specs.block_max), own_bounds(specs.block_min),
                           key_scale=shared.key_scale, value_scale=shared.value_scale,
-                          block_exponent=own_bounds(specs.block_exponent))
+                          block_exponent=own_bounds(specs.block_exponent), super_max=own_bounds(specs.super_max),
+                          super_min=own_bounds(specs.super_min), super_exponent=own_bounds(specs.super_exponent))
               for specs, shared in zip(layout, source.layers, strict=True)]
     names = [specs.map(lambda spec: spec.name) for specs in layout]
     shared = {name: source.values[name] for named in names
@@ -210,10 +225,10 @@ def rebuild_bounds(model, cache: KVCache) -> None:
         if layer.block_max is None:
             continue
         for row, length in enumerate(cache.lengths.tolist()):
-            computed = block_bounds(held_keys(layer, row, length), length, model.sidecar.settings.block_size,
-                                    layer.block_max.dtype)
-            for array, values in zip(bound_arrays(layer), computed, strict=True):
-                array[row, :, : values.shape[1]] = values
+            for arrays, size in bound_sets(model, layer):
+                computed = block_bounds(held_keys(layer, row, length), length, size, layer.block_max.dtype)
+                for array, values in zip(arrays, computed, strict=True):
+                    array[row, :, : values.shape[1]] = values
 
 
 def copy_prompt_state(source: KVCache, target: KVCache, row: int, length: int) -> None:
@@ -232,7 +247,8 @@ class Snapshot:
     def __init__(self, cache: KVCache):
         self.cache = cache
         self.saved = [(array, array.copy()) for layer in cache.layers
-                      for array in (layer.block_max, layer.block_min, layer.block_importance, layer.block_exponent)
+                      for array in (layer.block_max, layer.block_min, layer.block_importance, layer.block_exponent,
+                                    layer.super_max, layer.super_min, layer.super_exponent)
                       if array is not None]
         self.lengths = cache.lengths.copy()
 

@@ -54,31 +54,45 @@ def test_the_variant_is_refused_for_a_quest_export(tmp_path):
         gqa_int8.write_int8_variant(folder)
 
 
-@pytest.fixture(scope="module")
-def int8_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("e2e") / "int8"
+def _int8_export(folder, superblock_size):
     export_sparse("llama", output=folder, settings=SparseSettings(top_k=2, block_size=16, dense_layers=(0,),
-                                                                  kv_dtype="int8"),
+                                                                  kv_dtype="int8", superblock_size=superblock_size),
                   model=str(tiny_model("llama").checkpoint), capacity=CAPACITY, log=lambda *a, **k: None)
     return folder
 
 
-def test_the_synthetic_int8_fill_bounds_the_keys_the_cache_holds(int8_folder):
-    model = QuestModel(int8_folder, threads=1)
+@pytest.fixture(scope="module")
+def int8_folder(tmp_path_factory):
+    return _int8_export(tmp_path_factory.mktemp("e2e") / "int8", 0)  # the flat selection
+
+
+@pytest.fixture(scope="module")
+def hierarchical_int8_folder(tmp_path_factory):
+    return _int8_export(tmp_path_factory.mktemp("e2e") / "int8-hierarchical", 2)  # superblocks of 2 blocks
+
+
+@pytest.mark.parametrize("which", ["flat", "hierarchical"])
+def test_the_synthetic_int8_fill_bounds_the_keys_the_cache_holds(which, request):
+    model = QuestModel(request.getfixturevalue("int8_folder" if which == "flat" else "hierarchical_int8_folder"),
+                       threads=1)
     cache = model.new_cache(1, CAPACITY)
-    bench_e2e.fill(cache, CONTEXT, 16, np.random.default_rng(0))
+    bench_e2e.fill(cache, CONTEXT, 16, np.random.default_rng(0), model.sidecar.settings.superblocks)
     sparse = [layer for layer in cache.layers if layer.block_max is not None]
     assert sparse and cache.lengths.tolist() == [CONTEXT]
     for layer in sparse:
         keys = layer.key[0, :, :CONTEXT].astype(np.float32) * layer.key_scale[0, :, :CONTEXT, None].astype(np.float32)
-        blocks = -(-CONTEXT // 16)
-        padded = np.full((keys.shape[0], blocks * 16, keys.shape[-1]), np.nan, np.float32)
-        padded[:, :CONTEXT] = keys
-        by_block = padded.reshape(keys.shape[0], blocks, 16, -1)
-        # int8 caches come with int8 bounds: codes times each block's power of two
-        scale = int8_bounds.scale_of(layer.block_exponent[0, :, :blocks])[..., None]
-        assert (layer.block_max[0, :, :blocks] * scale >= np.nanmax(by_block, axis=2)).all()
-        assert (layer.block_min[0, :, :blocks] * scale <= np.nanmin(by_block, axis=2)).all()
+        bound_sets = [(layer.block_max, layer.block_min, layer.block_exponent, 16)]
+        if which == "hierarchical":
+            bound_sets.append((layer.super_max, layer.super_min, layer.super_exponent, 32))
+        for top, bottom, exponent, size in bound_sets:
+            blocks = -(-CONTEXT // size)
+            padded = np.full((keys.shape[0], blocks * size, keys.shape[-1]), np.nan, np.float32)
+            padded[:, :CONTEXT] = keys
+            by_block = padded.reshape(keys.shape[0], blocks, size, -1)
+            # int8 caches come with int8 bounds: codes times each block's power of two
+            scale = int8_bounds.scale_of(exponent[0, :, :blocks])[..., None]
+            assert (top[0, :, :blocks] * scale >= np.nanmax(by_block, axis=2)).all()
+            assert (bottom[0, :, :blocks] * scale <= np.nanmin(by_block, axis=2)).all()
     model.step(cache, np.array([[3]], np.int64))  # and the model decodes from it
 
 
