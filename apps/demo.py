@@ -46,7 +46,9 @@ def _describe(model: QuestModel) -> None:
           f"{list(s.settings.dense_layers)}), H={s.geometry.num_heads} N={s.geometry.kv_num_heads} D={s.geometry.head_dim}; blocks of P={s.settings.block_size} "
           f"tokens, K={s.settings.top_k} per {'query head' if s.settings.group_reduce == 'none' else 'KV head'} "
           f"({s.settings.budget_tokens} tokens), sink {s.settings.sink_blocks} and recent {s.settings.recent_blocks} blocks, "
-          f"{s.bounds_dtype} bounds")
+          f"{s.bounds_dtype} bounds"
+          + (f", superblocks of {s.settings.superblocks} blocks past {s.settings.candidate_factor * s.settings.budget_tokens} "
+             "tokens (hierarchical selection)" if s.settings.superblocks else ""))
 
 
 def _speeds(comparison: Comparison) -> None:
