@@ -38,7 +38,9 @@ import numpy as np
 from quest_ort.ops.reference.int8_rows import dequantize_rows
 
 from . import ROOT
-from .quality_runtime import block_bounds, bound_arrays, sharing_cache, super_arrays
+from quest_ort.ops.reference.sparse_block_select import hierarchical_reads
+
+from .quality_runtime import block_bounds, bound_arrays, bound_sets, sharing_cache, super_arrays
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODELS = ROOT / "build" / "models"
@@ -157,10 +159,7 @@ def fill(cache, context: int, block_size: int | None, rng, superblock_size: int 
         keys = layer.key
         if layer.key_scale is not None:  # what an int8 cache holds: code x row scale, exact in float32
             keys = dequantize_rows(keys[..., :context, :], layer.key_scale[..., :context])
-        sets = [(bound_arrays(layer), block_size)]
-        if layer.super_max is not None:  # the hierarchical selection's superblocks
-            sets.append((super_arrays(layer), block_size * superblock_size))
-        for arrays, size in sets:
+        for arrays, size in bound_sets(layer, block_size, superblock_size):
             bounds = block_bounds(keys, context, size, layer.block_max.dtype)
             blocks = bounds[0].shape[-2]
             for array, values in zip(arrays, bounds, strict=True):
@@ -202,19 +201,19 @@ def selection_bound_bytes(settings, cache, context: int) -> int:
     """The bound bytes a decode step's selections read at `context` cached tokens: every block's
     bounds (flat); selecting hierarchically past candidate_factor * top_k blocks, every superblock's
     and the candidates' blocks' (docs/ops.md)."""
-    blocks, size, current = -(-context // settings.block_size), settings.superblocks, context // settings.block_size
-    supers, count = current // max(size, 1) + 1, -(-settings.candidate_factor * settings.top_k // max(size, 1))
-    hierarchical = size and current + 1 > settings.top_k and count < supers  # the decode query at `context`
+    blocks = -(-context // settings.block_size)
+    reads = hierarchical_reads(context // settings.block_size, settings.top_k, settings.superblocks,
+                               settings.candidate_factor)  # the decode query at `context`
     total = 0
     for layer in cache.layers:
         if layer.block_max is None:
             continue
         per_block = sum(array[:1, :, :1].nbytes for array in bound_arrays(layer))
-        if not hierarchical:
+        if reads is None:
             total += blocks * per_block
             continue
-        per_super = sum(array[:1, :, :1].nbytes for array in super_arrays(layer))
-        total += supers * per_super + min(count * size, blocks) * per_block
+        superblocks, candidate_blocks = reads
+        total += superblocks * sum(array[:1, :, :1].nbytes for array in super_arrays(layer)) + candidate_blocks * per_block
     return total * cache.batch
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from benchmarks.harness import copies_for, read_bandwidth, time_rotating
 from quest_ort.graphs.op_graphs import op_model
 from quest_ort.ops import native_kernel_isa
+from quest_ort.ops.reference.sparse_block_select import hierarchical_reads
 from quest_ort.runtime.binding import InPlaceStep
 from quest_ort.runtime.sessions import make_session
 
@@ -76,9 +77,9 @@ def measure(context: int, dtype: str, hierarchical: bool, threads: int, rng) -> 
     copies = copies_for(per_copy)
     bound = [step.bind(first)] + [step.bind(inputs(rng)) for _ in range(copies - 1)]
     milliseconds = time_rotating(lambda copy: step.run_bound(bound[copy]), copies)
-    count = -(-CANDIDATE_FACTOR * TOP_K // SUPERBLOCK_SIZE)
-    approximate = hierarchical and count < (context // BLOCK_SIZE) // SUPERBLOCK_SIZE + 1
-    read = bytes_read(blocks, supers if approximate else 0, min(count * SUPERBLOCK_SIZE, blocks), dtype)
+    reads = hierarchical_reads(context // BLOCK_SIZE, TOP_K, SUPERBLOCK_SIZE, CANDIDATE_FACTOR) if hierarchical else None
+    approximate = reads is not None
+    read = bytes_read(blocks, *(reads or (0, 0)), dtype)
     return dict(context=context, bounds=dtype, selection="hierarchical" if hierarchical else "flat", threads=threads,
                 approximate=approximate, ms=round(milliseconds, 4), bound_bytes=read,
                 gb_per_s=round(read / milliseconds / 1e6, 2))

@@ -249,6 +249,7 @@ def op_selection(layers, top_k: int, size: int, repeats: int, block_size: int = 
     default candidate_factor; docs/ops.md), on the repeated caches, with the default export's
     attributes (a list per query head, one sink and one recent block): the attention mass its blocks
     hold, averaged over layers and query heads, and the bound bytes it reads, of the flat ones."""
+    from quest_ort.ops.reference.sparse_block_select import hierarchical_reads
     from quest_ort.ops.schemas import SPARSE_BLOCK_SELECT
     from quest_ort.runtime.single_op import run_op
 
@@ -274,9 +275,8 @@ def op_selection(layers, top_k: int, size: int, repeats: int, block_size: int = 
             for kind, rows in chosen.items():
                 masses[kind] += float(mass[rows[h][rows[h] >= 0]].sum())
             heads_seen += 1
-        count = -(-factor * min(top_k, blocks) // size)
-        superblocks = -(-blocks // size)
-        reads += kv_heads * (blocks if count >= superblocks else superblocks + min(count * size, blocks))
+        hierarchical = hierarchical_reads(blocks - 1, min(top_k, blocks), size, factor)  # the query's own block is the last
+        reads += kv_heads * (blocks if hierarchical is None else sum(hierarchical))
         total += kv_heads * blocks
     return dict(op_flat_attention_mass=round(masses["flat"] / heads_seen, 4),
                 op_attention_mass=round(masses["hierarchical"] / heads_seen, 4),

@@ -155,12 +155,11 @@ def super_arrays(layer) -> tuple[np.ndarray, ...]:
     return tuple(array for array in (layer.super_max, layer.super_min, layer.super_exponent) if array is not None)
 
 
-def bound_sets(model, layer) -> list[tuple[tuple[np.ndarray, ...], int]]:
+def bound_sets(layer, block_size: int, superblock_size: int) -> list[tuple[tuple[np.ndarray, ...], int]]:
     """(bound caches, their block size) of a layer: its blocks', and its superblocks' where it has them."""
-    settings = model.sidecar.settings
-    sets = [(bound_arrays(layer), settings.block_size)]
+    sets = [(bound_arrays(layer), block_size)]
     if layer.super_max is not None:
-        sets.append((super_arrays(layer), settings.block_size * settings.superblocks))
+        sets.append((super_arrays(layer), block_size * superblock_size))
     return sets
 
 
@@ -186,7 +185,7 @@ def check_block_bounds(model, cache: KVCache) -> None:
         if layer.block_max is None:
             continue
         for row, length in enumerate(cache.lengths.tolist()):
-            for kind, (arrays, size) in zip(("block", "superblock"), bound_sets(model, layer)):
+            for kind, (arrays, size) in zip(("block", "superblock"), bound_sets(layer, model.sidecar.settings.block_size, model.sidecar.settings.superblocks)):
                 stored = [array[row] for array in arrays]
                 computed = block_bounds(held_keys(layer, row, length), length, size, stored[0].dtype)
                 blocks = computed[0].shape[-2]
@@ -225,7 +224,7 @@ def rebuild_bounds(model, cache: KVCache) -> None:
         if layer.block_max is None:
             continue
         for row, length in enumerate(cache.lengths.tolist()):
-            for arrays, size in bound_sets(model, layer):
+            for arrays, size in bound_sets(layer, model.sidecar.settings.block_size, model.sidecar.settings.superblocks):
                 computed = block_bounds(held_keys(layer, row, length), length, size, layer.block_max.dtype)
                 for array, values in zip(arrays, computed, strict=True):
                     array[row, :, : values.shape[1]] = values

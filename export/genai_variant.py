@@ -64,11 +64,12 @@ def _fix_dims(value_info, dims) -> None:
             dim.dim_value = size
 
 
-def _select_flat(graph) -> None:
+def _select_flat(graph, sidecar) -> None:
     """The graph's selections made flat, in place: genai carries two states per layer (the block
     bounds), so the variant drops the superblock bounds, their QuestMetadata nodes and the
     SparseBlockSelect inputs and attributes that take them (docs/ops.md: below candidate_factor * K
     blocks the two select the same blocks; past it the variant selects flat, exactly)."""
+    from ..model_folder.sidecar import SUPER_BOUND_FIELDS, SUPER_EXPONENT_FIELDS
     from ..ops.schemas import SPARSE_BLOCK_SELECT
 
     first_super = SPARSE_BLOCK_SELECT.input_index("super_max")
@@ -81,7 +82,7 @@ def _select_flat(graph) -> None:
             del node.attribute[:]
             node.attribute.extend(kept)
     producers = [node for node in graph.node if any(name in dropped for name in node.output)]
-    states = {name for node in producers for name in (*node.input, *node.output) if "super_" in name}
+    states = {getattr(layer, field) for layer in sidecar.layers for field in SUPER_BOUND_FIELDS + SUPER_EXPONENT_FIELDS}
     for node in producers:
         graph.node.remove(node)
     for values in (graph.input, graph.output):
@@ -98,7 +99,7 @@ def genai_graph(graph_path: pathlib.Path, sidecar):
     model = onnx.load(str(graph_path), load_external_data=False)
     graph = model.graph
     if sidecar.settings.superblocks:
-        _select_flat(graph)
+        _select_flat(graph, sidecar)
     geometry, capacity = sidecar.geometry, sidecar.capacity
     heads, size, blocks = geometry.kv_num_heads, geometry.head_dim, -(-capacity // sidecar.settings.block_size)
     inputs = [value for value in graph.input if value.name not in LENGTH_INPUTS]

@@ -72,7 +72,7 @@ def cache_layout(sidecar: Sidecar, batch: int, capacity: int) -> list[LayerCache
     """Every layer's caches for `batch` rows of `capacity` tokens."""
     geometry, settings = sidecar.geometry, sidecar.settings
     heads, blocks = geometry.kv_num_heads, -(-capacity // settings.block_size)
-    supers = -(-blocks // max(settings.superblocks, 1))
+    supers = settings.superblock_count(blocks)
     shapes = {"key": (batch, heads, capacity, geometry.head_dim), "value": (batch, heads, capacity, geometry.head_dim),
               "block_max": (batch, heads, blocks, geometry.head_dim), "block_min": (batch, heads, blocks, geometry.head_dim),
               "block_importance": (batch, heads, blocks), "key_scale": (batch, heads, capacity),

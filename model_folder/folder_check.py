@@ -309,7 +309,7 @@ class _Checker:
         cache = [None, heads, ("capacity", s.capacity), ("head_dim", s.geometry.head_dim)]
         bounds = [None, heads, ("ceil(capacity / block_size)", blocks), ("head_dim", s.geometry.head_dim)]
         supers = [None, heads, ("ceil(ceil(capacity / block_size) / superblock_size)",
-                                -(-blocks // max(s.settings.superblocks, 1))), ("head_dim", s.geometry.head_dim)]
+                                s.settings.superblock_count(blocks)), ("head_dim", s.geometry.head_dim)]
         kinds = {"key": ("kv_dtype", s.settings.kv_dtype, cache), "value": ("kv_dtype", s.settings.kv_dtype, cache),
                  "block_max": ("bounds_dtype", s.bounds_dtype, bounds),
                  "block_min": ("bounds_dtype", s.bounds_dtype, bounds),

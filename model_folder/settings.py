@@ -155,6 +155,10 @@ class SparseSettings:
             return default_superblock_size(self.score, self.attention)
         return self.superblock_size
 
+    def superblock_count(self, blocks: int) -> int:
+        """The superblocks that hold `blocks` metadata blocks (as many as the blocks without superblocks)."""
+        return -(-blocks // max(self.superblocks, 1))
+
     @property
     def importance(self) -> bool:
         return self.importance_fraction > 0 if self.track_importance is None else self.track_importance

@@ -381,7 +381,7 @@ def _saved_size(model, role: str, length: int) -> int:
     if role in _POSITION_ROLES:
         return length
     blocks = -(-length // settings.block_size)
-    return -(-blocks // settings.superblocks) if role in _SUPERBLOCK_ROLES else blocks
+    return settings.superblock_count(blocks) if role in _SUPERBLOCK_ROLES else blocks
 
 
 def folder_identity(model) -> str:

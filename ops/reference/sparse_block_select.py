@@ -129,6 +129,21 @@ def select_row(scores, importance, current, top_k, sink_blocks, recent_blocks, i
     return sorted(chosen)
 
 
+def candidate_count(top_k: int, superblock_size: int, candidate_factor: int) -> int:
+    """The candidate superblocks a hierarchical query keeps: ceil(candidate_factor * top_k / superblock_size)."""
+    return -(-candidate_factor * top_k // superblock_size)
+
+
+def hierarchical_reads(current: int, top_k: int, superblock_size: int, candidate_factor: int) -> tuple[int, int] | None:
+    """(superblocks, blocks at most) whose bounds the per-token query whose own block is `current`
+    reads when it selects hierarchically (its preselected blocks' superblocks past the candidates
+    aside), or None when its selection is flat (it reads blocks 0 .. current); superblock_size 0: none."""
+    if not superblock_size or current + 1 <= top_k:
+        return None
+    eligible_super, count = current // superblock_size + 1, candidate_count(top_k, superblock_size, candidate_factor)
+    return None if count >= eligible_super else (eligible_super, min(count * superblock_size, current + 1))
+
+
 def candidate_superblocks(super_rows, preselected, current: int, count: int, superblock_size: int):
     """The superblocks whose blocks step 4 may choose, for a query whose own block is `current`, or
     None when `count` covers every eligible superblock (the flat selection). `super_rows`: the
@@ -167,7 +182,7 @@ def candidate_masks(query, super_max, super_min, super_exponent, past_lens, tota
         scores = scores.reshape(B, N, G, S, -1)
     else:
         scores = bound_scores(query, super_max, super_min, N, group_reduce, super_exponent)[:, :, None]
-    count = -(-candidate_factor * top_k // U)
+    count = candidate_count(top_k, U, candidate_factor)
     allowed = np.ones((B, N, S, M), bool)
     for b in range(B):
         past = int(past_lens[b])

@@ -86,6 +86,12 @@ def test_attention_over_hierarchical_selections(case, native):
     _check_attention(case, *attention_args(_data(case)), _expected_attention(case, True), native)
 
 
+def _flat_call(inputs, attributes):
+    """The same select call without its superblocks: the flat selection."""
+    return ({k: v for k, v in inputs.items() if not k.startswith("super_")},
+            {k: v for k, v in attributes.items() if k not in ("superblock_size", "candidate_factor")})
+
+
 @pytest.mark.parametrize("case", [c for c in HIERARCHY_CASES if c.ranks_blocks()], ids=lambda case: case.id)
 @PATHS
 def test_candidates_covering_every_superblock_select_flat(case, native):
@@ -93,8 +99,7 @@ def test_candidates_covering_every_superblock_select_flat(case, native):
     for bit (docs/ops.md): the same call without superblocks."""
     inputs, attributes = select_args(_data(case))
     covering = dict(attributes, candidate_factor=case.num_blocks())
-    flat_inputs = {k: v for k, v in inputs.items() if not k.startswith("super_")}
-    flat_attributes = {k: v for k, v in attributes.items() if k not in ("superblock_size", "candidate_factor")}
+    flat_inputs, flat_attributes = _flat_call(inputs, attributes)
     names = outputs_of("SparseBlockSelect", inputs)
     got = run_op("SparseBlockSelect", inputs, covering, native=native, outputs=names)
     flat = run_op("SparseBlockSelect", flat_inputs, flat_attributes, native=native, outputs=names)
@@ -108,8 +113,7 @@ def test_hierarchical_cases_select_hierarchically():
     differ = {}
     for case in HIERARCHY_CASES:
         inputs, attributes = select_args(_data(case))
-        flat_inputs = {k: v for k, v in inputs.items() if not k.startswith("super_")}
-        flat_attributes = {k: v for k, v in attributes.items() if k not in ("superblock_size", "candidate_factor")}
+        flat_inputs, flat_attributes = _flat_call(inputs, attributes)
         hierarchical, flat = sparse_block_select(**inputs, **attributes), sparse_block_select(**flat_inputs,
                                                                                               **flat_attributes)
         if isinstance(hierarchical, tuple):

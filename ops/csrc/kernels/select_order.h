@@ -307,12 +307,12 @@ inline void best_ranked(const float* values, int64_t n, int64_t k, uint64_t* key
 //
 // Candidates of a query, into s.candidate_superblocks and s.candidate_blocks (ascending): the
 // superblocks of the blocks taken so far (s.chosen), then superblocks by turn until `count` are
-// candidates. `super_scores` holds `rows` rows (`stride` apart) of the scores of superblocks
+// candidates. `super_scores` holds `rows` rows [rows][eligible_super] of the scores of superblocks
 // [0, eligible_super), one per selection sharing the candidates; a superblock's turn is the least
 // rank * rows + r over the rows r (its rank by row r's scores, the rule's order): the rows take
 // their best superblocks in turn. Each row's best `count` suffice (count < eligible_super).
-inline void collect_candidates(const float* super_scores, int64_t rows, int64_t stride, int64_t eligible_super,
-                               int64_t count, int64_t superblock_size, int64_t eligible, SelectScratch& s) {
+inline void collect_candidates(const float* super_scores, int64_t rows, int64_t eligible_super, int64_t count,
+                               int64_t superblock_size, int64_t eligible, SelectScratch& s) {
   s.is_candidate.assign(eligible_super, 0);
   s.candidate_superblocks.clear();
   const auto add = [&](int32_t u) {
@@ -324,7 +324,7 @@ inline void collect_candidates(const float* super_scores, int64_t rows, int64_t 
   const int64_t best = count < eligible_super ? count : eligible_super;
   s.super_ranking.resize(rows * eligible_super);
   for (int64_t r = 0; r < rows; ++r)  // row r's best `best` superblocks, best first, at [r * eligible_super)
-    best_ranked(super_scores + r * stride, eligible_super, best, s.super_ranking.data() + r * eligible_super, s);
+    best_ranked(super_scores + r * eligible_super, eligible_super, best, s.super_ranking.data() + r * eligible_super, s);
   for (int64_t rank = 0; rank < best && static_cast<int64_t>(s.candidate_superblocks.size()) < count; ++rank)
     for (int64_t r = 0; r < rows && static_cast<int64_t>(s.candidate_superblocks.size()) < count; ++r)
       add(key_block(s.super_ranking[r * eligible_super + rank]));

@@ -143,8 +143,7 @@ void choose_hierarchically(const SparseBlockSelectParams& prm, const SelectItem<
   for (int64_t r = 0; r < selections; ++r)
     score_rows(item.super_max, item.super_min, item.super_exponent, per_head ? r : 0, per_head ? 1 : rows, D,
                eligible_super, s, s.super_scores.data() + r * eligible_super);
-  collect_candidates(s.super_scores.data(), selections, eligible_super, eligible_super, candidate_superblocks(prm), U,
-                     eligible, s);
+  collect_candidates(s.super_scores.data(), selections, eligible_super, candidate_superblocks(prm), U, eligible, s);
   s.candidate_scores.resize(s.candidate_blocks.size());
   int64_t at = 0;
   for (const int32_t u : s.candidate_superblocks) {

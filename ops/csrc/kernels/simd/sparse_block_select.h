@@ -351,8 +351,6 @@ void probe_blocks(const SparseBlockSelectParams& prm, int64_t item, int64_t p, i
   }
 }
 
-inline constexpr int64_t kPrefetchSuperblocks = 4;
-
 // A scorer of runs of an item's blocks, for query rows prepared once: score(kmax, kmin, exponent,
 // count, out) writes the scores of `count` consecutive blocks, per row ([row][count], PerRow: as
 // score_blocks_per_row) or reduced (as score_blocks; its offers go to a selection that keeps none).
@@ -396,23 +394,15 @@ void choose_hierarchically(const SparseBlockSelectParams& prm, const SelectItem<
   const int64_t D = prm.head_dim, Dp = padded(D), U = prm.superblock_size;
   const int64_t eligible_super = (p / prm.block_size) / U + 1, keep_super = candidate_superblocks(prm);
   // score(first block, blocks, position among candidates) per run of consecutive candidate
-  // superblocks, ascending (fewer, longer runs: each run costs a call and its tail). The candidates
-  // lie apart in memory, short runs the hardware prefetchers do not learn in time, so the bounds of
-  // the superblocks kPrefetchSuperblocks ahead are asked for while a run is scored.
+  // superblocks, ascending (fewer, longer runs: each run costs a call and its tail). Software
+  // prefetches of the next runs' bounds were tried: 1, 4 or 12 superblocks ahead measured alike.
   const auto for_each_candidate = [&](auto&& score) {
     const std::vector<int32_t>& supers = s.candidate_superblocks;
     const int64_t count = static_cast<int64_t>(supers.size());
-    const auto prefetch = [&](int64_t j) {
-      if (j >= count) return;
-      const int64_t first = supers[j] * U, last = std::min(first + U, eligible);
-      for (int64_t m = first; m < last; ++m) prefetch_bounds(item.kmax, item.kmin, m, eligible, D);
-    };
-    for (int64_t j = 0; j < kPrefetchSuperblocks && j < count; ++j) prefetch(j);
     int64_t at = 0;
     for (int64_t j = 0; j < count;) {
       int64_t end = j + 1;
       while (end < count && supers[end] == supers[end - 1] + 1) ++end;
-      for (int64_t ahead = j; ahead < end; ++ahead) prefetch(ahead + kPrefetchSuperblocks);
       const int64_t first = supers[j] * U, blocks = std::min(supers[end - 1] * U + U, eligible) - first;
       score(first, blocks, at);
       at += blocks;
@@ -431,7 +421,7 @@ void choose_hierarchically(const SparseBlockSelectParams& prm, const SelectItem<
       const auto score = run_scorer<true, TC>(prepared, D, s);
       s.super_scores.resize(tiles * eligible_super);
       score(item.super_max, item.super_min, item.super_exponent, eligible_super, s.super_scores.data());
-      collect_candidates(s.super_scores.data(), G, eligible_super, eligible_super, keep_super, U, eligible, s);
+      collect_candidates(s.super_scores.data(), G, eligible_super, keep_super, U, eligible, s);
       const int64_t candidates = static_cast<int64_t>(s.candidate_blocks.size());
       s.candidate_head_scores.resize(tiles * candidates);
       s.candidate_scores.resize(tiles * candidates);  // one run's [rows][blocks]
@@ -453,7 +443,7 @@ void choose_hierarchically(const SparseBlockSelectParams& prm, const SelectItem<
   s.begin_best(0);
   s.super_scores.resize(eligible_super);
   score(item.super_max, item.super_min, item.super_exponent, eligible_super, s.super_scores.data());
-  collect_candidates(s.super_scores.data(), 1, eligible_super, eligible_super, keep_super, U, eligible, s);
+  collect_candidates(s.super_scores.data(), 1, eligible_super, keep_super, U, eligible, s);
   s.candidate_scores.resize(s.candidate_blocks.size());
   for_each_candidate([&](int64_t first, int64_t blocks, int64_t at) {
     score(item.kmax + first * D, item.kmin + first * D, exponent_at(first), blocks, s.candidate_scores.data() + at);
