@@ -101,6 +101,7 @@ def test_the_long_run_times_each_context_against_the_first_and_counts_every_bloc
     contexts = (40, 150)
     monkeypatch.setattr(bench_e2e, "LONG_CONTEXTS", contexts)
     monkeypatch.setattr(bench_e2e, "LONG_CAPACITY", CAPACITY)
+    monkeypatch.setattr(bench_e2e, "read_bandwidth", lambda threads: 10.0)  # GB/s
     run = bench_e2e.long_decode({"quest-int8": int8_folder, "gqa-int8": gqa_folder}, threads=1, steps=1,
                                 rng=np.random.default_rng(0))
     assert [(row["model"], row["context"]) for row in run["rows"]] == [
@@ -113,14 +114,25 @@ def test_the_long_run_times_each_context_against_the_first_and_counts_every_bloc
     per_block = sum(layer.block_max[0, :, 0].nbytes + layer.block_min[0, :, 0].nbytes
                     + layer.block_exponent[0, :, 0].nbytes for layer in sparse)
     assert run["bound_bytes_per_step"] == {str(c): -(-c // 16) * per_block for c in contexts}
+    assert run["flat_bound_bytes_per_step"] == run["bound_bytes_per_step"]
+    assert run["bound_bytes_of_flat"] == {str(c): 1.0 for c in contexts}
+    # the dense layers read every int8 key and value row and its float16 scale
+    dense = [layer for layer in cache.layers if layer.block_max is None]
+    assert dense and run["dense_layers"] == [0]
+    per_token = sum(2 * layer.key[0, :, 0].nbytes + 2 * layer.key_scale[0, :, 0].nbytes for layer in dense)
+    assert run["dense_layer_bytes_per_step"] == {str(c): c * per_token for c in contexts}
+    assert run["dense_layer_floor_ms"] == {str(c): round(c * per_token / 10e9 * 1e3, 2) for c in contexts}
 
 
 def test_the_long_run_says_it_did_not_measure_when_the_caches_would_not_fit(int8_folder, gqa_folder, monkeypatch):
     monkeypatch.setattr(bench_e2e, "LONG_CAPACITY", CAPACITY)
     monkeypatch.setattr(bench_e2e, "available_memory", lambda: bench_e2e.LONG_HEADROOM)  # the caches do not fit
+    made = []  # the Quest cache touches every page as it is made: not made before the check
+    new_cache = QuestModel.new_cache
+    monkeypatch.setattr(QuestModel, "new_cache", lambda self, *args: made.append(args) or new_cache(self, *args))
     run = bench_e2e.long_decode({"quest-int8": int8_folder, "gqa-int8": gqa_folder}, threads=1, steps=1,
                                 rng=np.random.default_rng(0))
-    assert run["rows"] == [] and "available" in run["not_measured"]
+    assert run["rows"] == [] and "available" in run["not_measured"] and made == []
 
 
 def test_a_time_to_first_token_run_replaces_what_it_measures_and_marks_what_it_keeps():
