@@ -43,7 +43,6 @@ from quest_ort.ops.reference.sparse_block_select import hierarchical_reads
 
 from . import ROOT
 from .harness import read_bandwidth
-
 from .quality_runtime import block_bounds, bound_arrays, bound_sets, sharing_cache, super_arrays
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -232,7 +231,9 @@ def dense_layer_bytes(cache, context: int) -> int:
 
 def long_decode(folders: dict, threads: int, steps: int, rng) -> dict:
     """LONG_KINDS decoding in turns at each of LONG_CONTEXTS in caches of LONG_CAPACITY: rows as
-    `decode`'s, each step's time over its 4K step, and the block bound bytes the Quest step reads.
+    `decode`'s, each step's time over its 4K step, the block bound bytes the Quest step reads (and
+    those a flat selection would), and the bytes its dense layers read, with the least time that
+    takes at the machine's read bandwidth.
     Refused before any cache is filled where the memory available cannot hold the caches: then
     `not_measured` says why and there are no rows."""
     models = {kind: open_model(kind, folders[kind], threads) for kind in LONG_KINDS}
