@@ -36,7 +36,7 @@ import sys
 import time
 
 import numpy as np
-from quest_ort.model_folder.cache import cache_layout
+from quest_ort.model_folder.cache import cache_bytes
 from quest_ort.ops import native_kernel_isa
 from quest_ort.ops.reference.int8_rows import dequantize_rows
 from quest_ort.ops.reference.sparse_block_select import hierarchical_reads
@@ -242,10 +242,7 @@ def long_decode(folders: dict, threads: int, steps: int, rng) -> dict:
     # and made only once the check has passed.
     available = available_memory()
     caches = {"gqa-int8": models["gqa-int8"].new_cache(1, LONG_CAPACITY)}
-    quest_bytes = sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
-                      for layer in cache_layout(models["quest-int8"].sidecar, 1, LONG_CAPACITY)
-                      for _, spec in layer.items())
-    needed = quest_bytes + sum(array.nbytes for array in caches["gqa-int8"].buffers.values()) + LONG_HEADROOM
+    needed = cache_bytes(models["quest-int8"].sidecar, 1, LONG_CAPACITY) + sum(array.nbytes for array in caches["gqa-int8"].buffers.values()) + LONG_HEADROOM
     if available is not None and available < needed:
         reason = (f"needs {needed / 2**30:.1f} GiB (two {LONG_CAPACITY}-token caches and {LONG_HEADROOM >> 30} GiB "
                   f"for the sessions and the fill), {available / 2**30:.1f} GiB available")

@@ -181,11 +181,12 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 def check_block_bounds(model, cache: KVCache) -> None:
     """Raise unless block_bounds, from the keys in `cache`, reproduces (bit for bit) every row's
     bounds that QuestMetadata built in it."""
+    settings = model.sidecar.settings
     for index, layer in enumerate(cache.layers):
         if layer.block_max is None:
             continue
         for row, length in enumerate(cache.lengths.tolist()):
-            for kind, (arrays, size) in zip(("block", "superblock"), bound_sets(layer, model.sidecar.settings.block_size, model.sidecar.settings.superblocks)):
+            for kind, (arrays, size) in zip(("block", "superblock"), bound_sets(layer, settings.block_size, settings.superblocks)):
                 stored = [array[row] for array in arrays]
                 computed = block_bounds(held_keys(layer, row, length), length, size, stored[0].dtype)
                 blocks = computed[0].shape[-2]
@@ -220,11 +221,12 @@ def sharing_cache(model, source: KVCache) -> KVCache:
 def rebuild_bounds(model, cache: KVCache) -> None:
     """Recompute every row's block bounds in `cache` from its keys (the state after an exact prefill
     of `cache.lengths` tokens at `model`'s block size)."""
+    settings = model.sidecar.settings
     for layer in cache.layers:
         if layer.block_max is None:
             continue
         for row, length in enumerate(cache.lengths.tolist()):
-            for arrays, size in bound_sets(layer, model.sidecar.settings.block_size, model.sidecar.settings.superblocks):
+            for arrays, size in bound_sets(layer, settings.block_size, settings.superblocks):
                 computed = block_bounds(held_keys(layer, row, length), length, size, layer.block_max.dtype)
                 for array, values in zip(arrays, computed, strict=True):
                     array[row, :, : values.shape[1]] = values

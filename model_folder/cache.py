@@ -63,6 +63,12 @@ class CacheSpec:
     dtype: np.dtype
 
 
+def cache_bytes(sidecar: Sidecar, batch: int, capacity: int) -> int:
+    """The bytes of every cache of `batch` rows of `capacity` tokens (cache_layout's), none allocated."""
+    return sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+               for layer in cache_layout(sidecar, batch, capacity) for _, spec in layer.items())
+
+
 def input_names(io: LayerIO) -> LayerCaches[str]:
     """The graph input of each of a layer's caches."""
     return LayerCaches(**{role: getattr(io, field) for role, field in PAST_INPUTS.items()})

@@ -550,7 +550,7 @@ def test_the_sidecar_is_its_geometry_and_settings_and_keeps_format_1s_json(setti
 def test_the_cache_view_holds_each_layers_caches_as_the_layout_says(settings):
     """cache.layers[l].key, .value, .block_max, .block_min, .block_importance: the arrays bound to
     layer l's inputs, of the layout's shapes and types; None where the layer has no such cache."""
-    from quest_ort.model_folder.cache import cache_layout
+    from quest_ort.model_folder.cache import cache_bytes, cache_layout
 
     model = QuestModel(quest_export("qwen3", **settings), threads=1)
     cache = model.new_cache(2, capacity=40)
@@ -564,3 +564,4 @@ def test_the_cache_view_holds_each_layers_caches_as_the_layout_says(settings):
             assert cache.buffers[spec.name] is array, role
             assert (array.shape, array.dtype) == (spec.shape, spec.dtype), role
     assert layout[-1].key.shape == (2, model.sidecar.geometry.kv_num_heads, 40, model.sidecar.geometry.head_dim)
+    assert cache_bytes(model.sidecar, 2, 40) == sum(array.nbytes for array in cache.buffers.values())
