@@ -2,10 +2,14 @@
 cache) and the machine's bandwidth.
 
 The sparse settings measured are the export's defaults (`SparseSettings.for_budget(32)`: what
-`export-sparse <family> --k 32` writes) and, for reference at 32K, `--k 8` (the default's 256 tokens
-before `--k` counted 32-token pages) and the default before the policy sweep: blocks of 32 tokens
-and one selection per KV head. Every call reads cold data: each measurement rotates among enough
-copies of its buffers to exceed the last-level cache. Caches are bound in place (IOBinding), GQA
+`export-sparse <family> --k 32` writes, its superblocks included: past candidate_factor * K blocks
+the select ranks hierarchically, docs/ops.md) and, for reference at 32K, `--k 8` (the default's 256
+tokens before `--k` counted 32-token pages) and the default before the policy sweep: blocks of 32
+tokens, one selection per KV head, no superblocks. Bounds are random (the hierarchical selection reads
+every superblock bound and its candidates' blocks whichever win, so its time does not depend on
+them); the bytes a select reads are its superblocks' and candidate blocks' where it is hierarchical.
+Every call reads cold data: each measurement rotates among enough copies of its buffers to exceed
+the last-level cache. Caches are bound in place (IOBinding), GQA
 shares its past/present buffers. The headline ratios (the default step at 32K, H=32 N=8 D=128,
 float32, against GroupQueryAttention and its int8 KV cache, one and two threads) are also measured
 side by side, the calls interleaved (paired_speedups), and so is the default step over int8 caches
@@ -36,6 +40,7 @@ from quest_ort.graphs import op_model
 from quest_ort.graphs.layer import LAYER_ALIASES, attention_layer_model
 from quest_ort.model_folder.settings import default_bounds_dtype
 from quest_ort.ops.reference import int8_bounds
+from quest_ort.ops.reference.sparse_block_select import hierarchical_reads
 from quest_ort.ops import native_kernel_isa
 from quest_ort.runtime import make_session
 from quest_ort.runtime.binding import InPlaceStep
@@ -62,13 +67,16 @@ class Setting:
     group_reduce: str
     bounds_dtype: str | None
     int8_cache_bounds_dtype: str = "float16"
+    superblock_size: int = 0  # > 0: the hierarchical selection's superblocks of this many blocks
+    candidate_factor: int = 16
 
     @classmethod
     def export_default(cls) -> "Setting":
         """What `export-sparse --k 32` writes, with float caches and with `--kv-dtype int8`."""
         default = SparseSettings.for_budget(32)
         return cls("default", default.block_size, default.top_k, default.group_reduce,
-                   default_bounds_dtype("float32", default.score), default_bounds_dtype("int8", default.score))
+                   default_bounds_dtype("float32", default.score), default_bounds_dtype("int8", default.score),
+                   default.superblocks, default.candidate_factor)
 
     def bounds_for(self, cache_dtype) -> np.dtype:
         if np.dtype(cache_dtype) == np.int8:
@@ -154,19 +162,31 @@ class Config:
         mine = rng.standard_normal((1, self.H, 1, self.D))
         return (shared * np.sqrt(1.0 - own**2) + mine * own).astype(np.float32).astype(self.activation)
 
-    def metadata(self, P, rng, dtype):
+    def metadata(self, P, rng, dtype, superblock_size=0):
         """Per-copy metadata feeds (block_max, block_min [1, N, ceil(C/P), D] of random content,
-        cold like the caches, of `dtype`; int8 bounds with their block_exponent [1, N, ceil(C/P)])."""
+        cold like the caches, of `dtype`; int8 bounds with their block_exponent [1, N, ceil(C/P)]),
+        and with `superblock_size` U the bounds over superblocks of U blocks (super_max, super_min
+        [1, N, ceil(M/U), D], super_exponent), the max of their blocks' maxima and the min of their
+        minima, as QuestMetadata at block size P * U would bound the same keys."""
         M = -(-self.C // P)
         out = []
         for _ in range(self.copies):
             hi = rng.standard_normal((1, self.N, M, self.D)).astype(np.float32)
-            if np.dtype(dtype) == np.int8:
-                codes_max, codes_min, exponent = int8_bounds.quantize(hi, hi - 1.0, np.zeros(hi.shape[:3], bool))
-                out.append(dict(block_max=_value(codes_max), block_min=_value(codes_min),
-                                block_exponent=_value(exponent)))
-            else:
-                out.append(dict(block_max=_value(hi.astype(dtype)), block_min=_value((hi - 1.0).astype(dtype))))
+            bounds = dict(block=(hi, hi - 1.0))
+            if superblock_size:
+                padded = -(-M // superblock_size) * superblock_size
+                grouped = lambda x, fill: np.pad(x, ((0, 0), (0, 0), (0, padded - M), (0, 0)), constant_values=fill).reshape(  # noqa: E731
+                    1, self.N, padded // superblock_size, superblock_size, self.D)
+                bounds["super"] = (grouped(hi, -np.inf).max(3), grouped(hi - 1.0, np.inf).min(3))
+            feeds = {}
+            for prefix, (high, low) in bounds.items():
+                if np.dtype(dtype) == np.int8:
+                    codes_max, codes_min, exponent = int8_bounds.quantize(high, low, np.zeros(high.shape[:3], bool))
+                    feeds.update({f"{prefix}_max": _value(codes_max), f"{prefix}_min": _value(codes_min),
+                                  f"{prefix}_exponent": _value(exponent)})
+                else:
+                    feeds.update({f"{prefix}_max": _value(high.astype(dtype)), f"{prefix}_min": _value(low.astype(dtype))})
+            out.append(feeds)
         return out
 
     def cache_bytes(self, tokens):
@@ -195,13 +215,19 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
         cfg.query = cfg.grouped_query(PER_HEAD_OWN, rng)
     H, N, D, C = cfg.H, cfg.N, cfg.D, cfg.C
     bounds_dtype = setting.bounds_for(cfg.dtype)
-    meta = cfg.metadata(P, rng, bounds_dtype)
+    U = setting.superblock_size
+    meta = cfg.metadata(P, rng, bounds_dtype, U)
     arrays = {name: value.numpy() for name, value in meta[0].items()}  # what the sessions are built from
-    # Bytes per block and KV head the selection reads: both bounds (and an int8 block's exponent).
+    block_meta = [{name: value for name, value in feeds.items() if name.startswith("block_")} for feeds in meta]
+    # Bytes per block and KV head the selection reads: both bounds (and an int8 block's exponent);
+    # the decode query's blocks, or with superblocks every superblock and its candidates' blocks.
     bounds_bytes = 2 * D * bounds_dtype.itemsize + ("block_exponent" in arrays)
-    M_eligible = cfg.past // P + 1
+    current = cfg.past // P
+    hierarchical = hierarchical_reads(current, K, U, setting.candidate_factor)
+    bounds_read = N * bounds_bytes * (sum(hierarchical) if hierarchical else current + 1)
     base = dict(heads=f"{H}/{N}/{D}", context=C, dtype=cfg.dtype.name, setting=setting.name, block_size=P, top_k=K,
-                threads=threads, group_reduce=group_reduce, bounds=bounds_dtype.name)
+                threads=threads, group_reduce=group_reduce, bounds=bounds_dtype.name, superblock_size=U,
+                selection="hierarchical" if hierarchical else "flat")
 
     def record(kind, ms, bytes_read=None, **extra):
         row = dict(base, kind=kind, ms=round(ms, 4), **extra)
@@ -213,20 +239,23 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
         print(f"  {kind:<18} {ms:9.3f} ms {gbs}", flush=True)
 
     # Per-step metadata update (decode, in place).
-    update = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=cfg.key, past_lens=cfg.past_lens, **arrays),
+    update = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=cfg.key, past_lens=cfg.past_lens,
+                                                                     **{n: v.numpy() for n, v in block_meta[0].items()}),
                                                cfg.metadata_attributes(P)), threads=threads), METADATA_ALIASES)
-    run = _steps(update, Feeds(cfg.copies, lambda c: dict(key=cfg.key, past_lens=cfg.past_lens, **meta[c])))
+    run = _steps(update, Feeds(cfg.copies, lambda c: dict(key=cfg.key, past_lens=cfg.past_lens, **block_meta[c])))
     record("metadata_update", time_rotating(run, cfg.copies))
 
     # Selection over the cached context.
     select_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P, top_k=K, group_reduce=group_reduce)
+    if U:
+        select_attributes.update(superblock_size=U, candidate_factor=setting.candidate_factor)
     select = InPlaceStep(make_session(op_model("SparseBlockSelect", dict(query=cfg.query, past_lens=cfg.past_lens,
                                                                          **arrays),
                                                select_attributes), threads=threads), {})
     feeds = Feeds(cfg.copies, lambda c: dict(query=cfg.query, past_lens=cfg.past_lens, **meta[c]))
     run = _steps(select, feeds)
     indices = [select.run(feeds(c))["block_indices"] for c in range(cfg.copies)]
-    record("select", time_rotating(run, cfg.copies), N * M_eligible * bounds_bytes)
+    record("select", time_rotating(run, cfg.copies), bounds_read)
 
     # Sparse attention over the selected blocks.
     attention_attributes = dict(num_heads=H, kv_num_heads=N, block_size=P)
@@ -247,11 +276,12 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
     layer = InPlaceStep(make_session(attention_layer_model(num_heads=H, kv_num_heads=N, head_dim=D, capacity=C,
                                                            block_size=P, top_k=K, activation_dtype=cfg.activation,
                                                            cache_dtype=cfg.dtype, bounds_dtype=bounds_dtype,
-                                                           group_reduce=group_reduce),
+                                                           group_reduce=group_reduce, superblock_size=U,
+                                                           candidate_factor=setting.candidate_factor),
                                       threads=threads), LAYER_ALIASES)
     run = _steps(layer, Feeds(cfg.copies, lambda c: dict(query=cfg.query, key=cfg.key, value=cfg.value,
                                                         **cfg.cache_feeds(c), past_lens=cfg.past_lens, **meta[c])))
-    record("sparse_step", time_rotating(run, cfg.copies), N * M_eligible * bounds_bytes + attended)
+    record("sparse_step", time_rotating(run, cfg.copies), bounds_read + attended)
     return run
 
 
@@ -506,6 +536,8 @@ def main(argv=None):
     print(f"quest_ort kernels: {native_kernel_isa()}; onnxruntime {ort.__version__}; {platform.processor() or platform.machine()}")
     print("settings: " + "; ".join(f"{s.name}: P={s.block_size} K={s.top_k} {s.group_reduce}, bounds "
                                    f"{s.bounds_dtype or 'as the cache'} ({s.int8_cache_bounds_dtype} with int8 caches)"
+                                   + (f", superblocks of {s.superblock_size} (candidate_factor {s.candidate_factor})"
+                                      if s.superblock_size else "")
                                    for s in SETTINGS))
     bandwidth = {threads: read_bandwidth(threads, repeats=12) for threads in (1, 2)}
     print(f"read bandwidth: {bandwidth[1]:.1f} GB/s (1 thread), {bandwidth[2]:.1f} GB/s (2 threads)")

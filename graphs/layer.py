@@ -2,15 +2,20 @@
 
 ```
 key ----------> QuestMetadata(block_max, block_min, past_lens) --> block_max_out, block_min_out
+key ----------> QuestMetadata(super_max, super_min, past_lens,  --> super_max_out, super_min_out
+                              block_size = P * U)                   (superblocks only)
                      |
-query --------> SparseBlockSelect(block_max', block_min', past_lens) --> block_indices
-                     |
+query --------> SparseBlockSelect(block_max', block_min', past_lens, [super_max', super_min'])
+                     |                                                            --> block_indices
 query, key, value --> SparseBlockAttention(key_cache, value_cache, past_lens, block_indices,
                                            [key_scale, value_scale])            (int8 caches)
                           --> output, key_cache_out, value_cache_out, [key_scale_out, value_scale_out]
 ```
-A dense layer is the same graph without the first two nodes and without block_indices. With int8
-caches QuestMetadata bounds the keys as the cache stores them (key_cache_type 'int8').
+A dense layer is the same graph without the QuestMetadata and SparseBlockSelect nodes and without
+block_indices. With int8 caches QuestMetadata bounds the keys as the cache stores them
+(key_cache_type 'int8'). With `superblock_size` U the layer also keeps bounds over superblocks of U
+blocks, as the exporter's sparse layers do (export/rewrite/context.py), and the select ranks blocks
+hierarchically (docs/ops.md).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..ops.schemas import DOMAIN, VERSION
+from ..ops.schemas import DOMAIN, SPARSE_BLOCK_SELECT, VERSION
 from .op_graphs import IR_VERSION, OPSET, elem_type
 
 
@@ -37,10 +42,14 @@ def attention_layer_model(
     sink_blocks: int = 1,
     recent_blocks: int = 1,
     group_reduce: str = "mean",
+    superblock_size: int = 0,
+    candidate_factor: int | None = None,
 ) -> onnx.ModelProto:
     """One layer's decode/prefill dataflow; `top_k=None` gives the dense layer. The block bounds are
     `bounds_dtype` (default: the cache's; float16 with int8 caches); int8 bounds come with their
-    per-block exponents (block_exponent in, block_exponent_out out)."""
+    per-block exponents (block_exponent in, block_exponent_out out). `superblock_size` > 0 adds the
+    superblock bounds (super_max, super_min [B, N, ceil(M / U), D], super_exponent with int8 bounds;
+    in and out) and SparseBlockSelect's superblock_size and candidate_factor (None: the op's default)."""
     H, N, D, C, P = num_heads, kv_num_heads, head_dim, capacity, block_size
     M = -(-C // P)
     int8 = np.dtype(cache_dtype) == np.int8
@@ -65,22 +74,36 @@ def attention_layer_model(
     nodes = []
     indices = ""
     if top_k is not None:
-        inputs += [helper.make_tensor_value_info(name, tm, ["B", N, M, D]) for name in ("block_max", "block_min")]
-        outputs += [helper.make_tensor_value_info(name, tm, ["B", N, M, D]) for name in ("block_max_out", "block_min_out")]
-        exponent = tm == onnx.TensorProto.INT8
+        exponent = tm == onnx.TensorProto.INT8  # int8 bounds come with their per-block exponents
+        bound_sets = [("block", P, M)] + ([("super", P * superblock_size, -(-M // superblock_size))]
+                                          if superblock_size else [])
+        for prefix, tokens, count in bound_sets:  # the keys' bounds over blocks, then over superblocks
+            names = [f"{prefix}_max", f"{prefix}_min"] + ([f"{prefix}_exponent"] if exponent else [])
+            inputs += [helper.make_tensor_value_info(name, tm, ["B", N, count, D]) for name in names[:2]]
+            outputs += [helper.make_tensor_value_info(f"{name}_out", tm, ["B", N, count, D]) for name in names[:2]]
+            if exponent:
+                inputs.append(helper.make_tensor_value_info(names[2], onnx.TensorProto.INT8, ["B", N, count]))
+                outputs.append(helper.make_tensor_value_info(f"{names[2]}_out", onnx.TensorProto.INT8, ["B", N, count]))
+            nodes.append(helper.make_node("QuestMetadata", ["key", *names[:2], "past_lens"]
+                                          + (["", names[2]] if exponent else []), [f"{name}_out" for name in names],
+                                          domain=DOMAIN, block_size=tokens,
+                                          **({"key_cache_type": "int8"} if int8 else {})))
+        select_feeds = dict(query="query", block_max="block_max_out", block_min="block_min_out", past_lens="past_lens")
+        hierarchy = {}
         if exponent:
-            inputs.append(helper.make_tensor_value_info("block_exponent", onnx.TensorProto.INT8, ["B", N, M]))
-            outputs.append(helper.make_tensor_value_info("block_exponent_out", onnx.TensorProto.INT8, ["B", N, M]))
-        nodes.append(helper.make_node("QuestMetadata", ["key", "block_max", "block_min", "past_lens"]
-                                      + (["", "block_exponent"] if exponent else []),
-                                      ["block_max_out", "block_min_out"] + (["block_exponent_out"] if exponent else []),
-                                      domain=DOMAIN, block_size=P, **({"key_cache_type": "int8"} if int8 else {})))
-        select_inputs = ["query", "block_max_out", "block_min_out", "past_lens"]
-        select_inputs += ["", "", "", "", "", "block_exponent_out"] if exponent else []
+            select_feeds["block_exponent"] = "block_exponent_out"
+        if superblock_size:
+            select_feeds.update(super_max="super_max_out", super_min="super_min_out",
+                                **({"super_exponent": "super_exponent_out"} if exponent else {}))
+            hierarchy = dict(superblock_size=superblock_size,
+                             **({"candidate_factor": candidate_factor} if candidate_factor is not None else {}))
+        select_inputs = [""] * (max(SPARSE_BLOCK_SELECT.input_index(name) for name in select_feeds) + 1)
+        for name, value in select_feeds.items():
+            select_inputs[SPARSE_BLOCK_SELECT.input_index(name)] = value
         nodes.append(helper.make_node(
             "SparseBlockSelect", select_inputs, ["block_indices"],
             domain=DOMAIN, num_heads=H, kv_num_heads=N, block_size=P, top_k=top_k, sink_blocks=sink_blocks,
-            recent_blocks=recent_blocks, group_reduce=group_reduce))
+            recent_blocks=recent_blocks, group_reduce=group_reduce, **hierarchy))
         indices = "block_indices"
     attention_inputs = ["query", "key", "value", "key_cache", "value_cache", "past_lens", indices]
     attention_inputs += ["", ""] + scales if int8 else []  # total_lens, exact_lens absent
@@ -104,4 +127,7 @@ LAYER_ALIASES = {
     "key_scale_out": "key_scale",
     "value_scale_out": "value_scale",
     "block_exponent_out": "block_exponent",
+    "super_max_out": "super_max",
+    "super_min_out": "super_min",
+    "super_exponent_out": "super_exponent",
 }
