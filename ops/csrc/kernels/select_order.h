@@ -76,6 +76,22 @@ inline uint64_t rank_key(const float* values, int32_t m) {
 
 inline int32_t key_block(uint64_t key) { return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)); }
 
+// Writes to `out` the indices of the nonzero bytes of marks [0, n), ascending; returns how many.
+// A row of chosen blocks comes from their marks (one byte per eligible block, set exactly for the
+// chosen ones) in a scan eight bytes at a time, in a fraction of the time sorting them took.
+inline int64_t ascending_marked(const uint8_t* marks, int64_t n, int32_t* out) {
+  int64_t count = 0, m = 0;
+  for (; m + 8 <= n; m += 8) {
+    uint64_t word;
+    std::memcpy(&word, marks + m, sizeof word);
+    for (; word != 0; word &= word - 1)  // a mark is 0 or 1: one bit per marked byte
+      out[count++] = static_cast<int32_t>(m + std::countr_zero(word) / 8);
+  }
+  for (; m < n; ++m)
+    if (marks[m]) out[count++] = static_cast<int32_t>(m);
+  return count;
+}
+
 // Reusable buffers of one row's selection.
 struct SelectScratch {
   std::vector<float> scores;       // [eligible]
@@ -259,10 +275,7 @@ struct RowSelection {
       s.end_best(score_blocks(eligible, s.scores.data()), eligible);
     }
   }
-  void finish() {
-    std::sort(s.chosen.begin(), s.chosen.end());
-    std::fill(std::copy(s.chosen.begin(), s.chosen.end(), row), row + top_k, -1);
-  }
+  void finish() { std::fill(row + ascending_marked(s.taken.data(), static_cast<int64_t>(s.taken.size()), row), row + top_k, -1); }
 };
 
 // Selects the blocks of one (b, n, query) whose own block is `current` and writes `row` [K]:
@@ -314,21 +327,20 @@ inline void best_ranked(const float* values, int64_t n, int64_t k, uint64_t* key
 inline void collect_candidates(const float* super_scores, int64_t rows, int64_t eligible_super, int64_t count,
                                int64_t superblock_size, int64_t eligible, SelectScratch& s) {
   s.is_candidate.assign(eligible_super, 0);
-  s.candidate_superblocks.clear();
+  int64_t candidates = 0;
   const auto add = [&](int32_t u) {
-    if (s.is_candidate[u]) return;
+    candidates += !s.is_candidate[u];
     s.is_candidate[u] = 1;
-    s.candidate_superblocks.push_back(u);
   };
   for (const int32_t m : s.chosen) add(static_cast<int32_t>(m / superblock_size));
   const int64_t best = count < eligible_super ? count : eligible_super;
   s.super_ranking.resize(rows * eligible_super);
   for (int64_t r = 0; r < rows; ++r)  // row r's best `best` superblocks, best first, at [r * eligible_super)
     best_ranked(super_scores + r * eligible_super, eligible_super, best, s.super_ranking.data() + r * eligible_super, s);
-  for (int64_t rank = 0; rank < best && static_cast<int64_t>(s.candidate_superblocks.size()) < count; ++rank)
-    for (int64_t r = 0; r < rows && static_cast<int64_t>(s.candidate_superblocks.size()) < count; ++r)
-      add(key_block(s.super_ranking[r * eligible_super + rank]));
-  std::sort(s.candidate_superblocks.begin(), s.candidate_superblocks.end());
+  for (int64_t rank = 0; rank < best && candidates < count; ++rank)
+    for (int64_t r = 0; r < rows && candidates < count; ++r) add(key_block(s.super_ranking[r * eligible_super + rank]));
+  s.candidate_superblocks.resize(candidates);
+  ascending_marked(s.is_candidate.data(), eligible_super, s.candidate_superblocks.data());
   s.candidate_blocks.clear();
   for (const int32_t u : s.candidate_superblocks)
     for (int64_t m = u * superblock_size; m < (u + 1) * superblock_size && m < eligible; ++m)
