@@ -174,10 +174,8 @@ class Config:
             hi = rng.standard_normal((1, self.N, M, self.D)).astype(np.float32)
             bounds = dict(block=(hi, hi - 1.0))
             if superblock_size:
-                padded = -(-M // superblock_size) * superblock_size
-                grouped = lambda x, fill: np.pad(x, ((0, 0), (0, 0), (0, padded - M), (0, 0)), constant_values=fill).reshape(  # noqa: E731
-                    1, self.N, padded // superblock_size, superblock_size, self.D)
-                bounds["super"] = (grouped(hi, -np.inf).max(3), grouped(hi - 1.0, np.inf).min(3))
+                bounds["super"] = (by_superblock(hi, superblock_size, -np.inf).max(3),
+                                   by_superblock(hi - 1.0, superblock_size, np.inf).min(3))
             feeds = {}
             for prefix, (high, low) in bounds.items():
                 if np.dtype(dtype) == np.int8:
@@ -192,6 +190,14 @@ class Config:
     def cache_bytes(self, tokens):
         """Bytes of `tokens` rows of both caches (with an int8 row's float16 scale)."""
         return 2 * self.N * tokens * (self.D * self.dtype.itemsize + (2 if self.int8 else 0))
+
+
+def by_superblock(bounds: np.ndarray, superblock_size: int, fill: float) -> np.ndarray:
+    """Block bounds [B, N, M, D] as [B, N, ceil(M / U), U, D], the last superblock filled with `fill`."""
+    B, N, M, D = bounds.shape
+    padded = -(-M // superblock_size) * superblock_size
+    filled = np.pad(bounds, ((0, 0), (0, 0), (0, padded - M), (0, 0)), constant_values=fill)
+    return filled.reshape(B, N, padded // superblock_size, superblock_size, D)
 
 
 def _steps(step: InPlaceStep, feeds_of):
