@@ -511,7 +511,7 @@ def plot(rows, bandwidth, path):
                 axes[0].plot(*zip(*points), style, marker="o", color=color, label=f"{kind} {dtype}")
     axes[0].set(xscale="log", yscale="log", xlabel="cached tokens", ylabel="ms per decode step (one layer)",
                 title=f"H=32 N=8 D=128, 1 thread; default P={default.block_size} K={default.top_k} "
-                f"{default.group_reduce}")
+                f"{default.group_reduce}" + (f", superblocks of {default.superblock_size}" if default.superblock_size else ""))
     axes[0].legend(fontsize=8)
     kinds = ("metadata_build", "select", "sparse_attention", "dense", "gqa", "gqa_int8")
     for offset, dtype in enumerate(DTYPES):
