@@ -15,10 +15,11 @@ from quest_ort.runtime.binding import InPlaceStep
 from support.tolerances import assert_close, assert_equal
 
 # 14/2 heads (groups of 7), blocks of 4, a budget of 3 blocks; with superblocks of 2 blocks and
-# candidate_factor 1 a query past block 3 selects hierarchically, so PASTS cover one superblock,
-# the flat selection, a partial last superblock and many superblocks.
+# candidate_factor 1 a query whose own block is 4 or later selects hierarchically. PASTS: every block
+# fits the budget (one superblock, then two), the flat rule past the budget (block 3), hierarchical
+# with a partial last superblock (block 4), and over many superblocks up to the capacity.
 H, N, D, C, P, K, U, FACTOR = 14, 2, 64, 96, 4, 3, 2, 1
-PASTS = (1, 5, 18, 40, 93)
+PASTS = (1, 5, 13, 18, 40, 93)
 CACHES = ("float32", "int8")
 
 
