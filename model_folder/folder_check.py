@@ -128,9 +128,12 @@ class _Layer:
 
 
 def _dtype(elem: int) -> str:
+    # An element type NumPy has no dtype for takes ONNX's own name. Only the lookup's own errors mean
+    # that: an import failing on the way (numpy's, say) is a fault of its own and propagates, rather
+    # than turn into a type mismatch the folder does not have.
     try:
         return onnx.helper.tensor_dtype_to_np_dtype(elem).name
-    except Exception:  # element types NumPy lacks (bfloat16, float8...): ONNX's own name
+    except (KeyError, TypeError, ValueError):
         return onnx.TensorProto.DataType.Name(elem).lower()
 
 

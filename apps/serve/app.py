@@ -14,8 +14,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
-import numpy as np
-
 from fastapi import FastAPI, Request  # the serve extra (pyproject.toml); module level: FastAPI resolves the
 from fastapi.openapi.utils import get_openapi  # handlers' annotations in this module
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -404,10 +402,9 @@ DEFAULT_PARALLEL_MOST = 4  # --parallel's default at most: on a few cores more r
 def default_parallel(model, capacity: int) -> int:
     """--parallel's default: the slots whose caches (each of `capacity` tokens) fit in half the memory
     available now, at most DEFAULT_PARALLEL_MOST, at least 1."""
-    from ...model_folder.cache import cache_layout
+    from ...model_folder.cache import cache_bytes
 
-    per_slot = sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
-                   for layer in cache_layout(model.sidecar, 1, capacity) for _, spec in layer.items())
+    per_slot = cache_bytes(model.sidecar, 1, capacity)
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
     return max(1, min(DEFAULT_PARALLEL_MOST, int(available // 2 // max(1, per_slot))))
 

@@ -54,6 +54,7 @@ def test_serve_without_its_extra_names_it_and_other_faults_keep_their_traceback(
     (numpy: a dependency of the package itself) is a fault of its own and is raised as it is."""
     from quest_ort.apps import cli
 
+    folder = text_export()  # exported before any import fails
     # The serve package afresh (its modules run their imports again), whatever imported it before.
     package = "quest_ort.apps.serve"
     for name in [name for name in sys.modules if name == package or name.startswith(package + ".")]:
@@ -66,7 +67,7 @@ def test_serve_without_its_extra_names_it_and_other_faults_keep_their_traceback(
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr("builtins.__import__", failing_import)
-    args = cli.build_parser().parse_args(["serve", str(text_export()), "--port", "1"])
+    args = cli.build_parser().parse_args(["serve", str(folder), "--port", "1"])
     if names_the_extra:
         assert cli.serve(args) == 2
         assert "pip install 'quest-ort[serve]'" in caplog.text and missing in caplog.text
