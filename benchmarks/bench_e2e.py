@@ -242,7 +242,8 @@ def long_decode(folders: dict, threads: int, steps: int, rng) -> dict:
     # and made only once the check has passed.
     available = available_memory()
     caches = {"gqa-int8": models["gqa-int8"].new_cache(1, LONG_CAPACITY)}
-    needed = cache_bytes(models["quest-int8"].sidecar, 1, LONG_CAPACITY) + sum(array.nbytes for array in caches["gqa-int8"].buffers.values()) + LONG_HEADROOM
+    needed = (cache_bytes(models["quest-int8"].sidecar, 1, LONG_CAPACITY)
+              + sum(array.nbytes for array in caches["gqa-int8"].buffers.values()) + LONG_HEADROOM)
     if available is not None and available < needed:
         reason = (f"needs {needed / 2**30:.1f} GiB (two {LONG_CAPACITY}-token caches and {LONG_HEADROOM >> 30} GiB "
                   f"for the sessions and the fill), {available / 2**30:.1f} GiB available")

@@ -183,7 +183,8 @@ class Config:
                     feeds.update({f"{prefix}_max": _value(codes_max), f"{prefix}_min": _value(codes_min),
                                   f"{prefix}_exponent": _value(exponent)})
                 else:
-                    feeds.update({f"{prefix}_max": _value(high.astype(dtype)), f"{prefix}_min": _value(low.astype(dtype))})
+                    feeds.update({f"{prefix}_max": _value(high.astype(dtype)),
+                                  f"{prefix}_min": _value(low.astype(dtype))})
             out.append(feeds)
         return out
 
@@ -245,8 +246,8 @@ def bench_config(cfg: Config, setting: Setting, threads: int, rng, rows: list):
         print(f"  {kind:<18} {ms:9.3f} ms {gbs}", flush=True)
 
     # Per-step metadata update (decode, in place).
-    update = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=cfg.key, past_lens=cfg.past_lens,
-                                                                     **{n: v.numpy() for n, v in block_meta[0].items()}),
+    block_arrays = {name: value for name, value in arrays.items() if name.startswith("block_")}
+    update = InPlaceStep(make_session(op_model("QuestMetadata", dict(key=cfg.key, past_lens=cfg.past_lens, **block_arrays),
                                                cfg.metadata_attributes(P)), threads=threads), METADATA_ALIASES)
     run = _steps(update, Feeds(cfg.copies, lambda c: dict(key=cfg.key, past_lens=cfg.past_lens, **block_meta[c])))
     record("metadata_update", time_rotating(run, cfg.copies))

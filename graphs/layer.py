@@ -95,8 +95,9 @@ def attention_layer_model(
         if superblock_size:
             select_feeds.update(super_max="super_max_out", super_min="super_min_out",
                                 **({"super_exponent": "super_exponent_out"} if exponent else {}))
-            hierarchy = dict(superblock_size=superblock_size,
-                             **({"candidate_factor": candidate_factor} if candidate_factor is not None else {}))
+            hierarchy["superblock_size"] = superblock_size
+            if candidate_factor is not None:  # else the op's default
+                hierarchy["candidate_factor"] = candidate_factor
         select_inputs = [""] * (max(SPARSE_BLOCK_SELECT.input_index(name) for name in select_feeds) + 1)
         for name, value in select_feeds.items():
             select_inputs[SPARSE_BLOCK_SELECT.input_index(name)] = value

@@ -275,7 +275,10 @@ struct RowSelection {
       s.end_best(score_blocks(eligible, s.scores.data()), eligible);
     }
   }
-  void finish() { std::fill(row + ascending_marked(s.taken.data(), static_cast<int64_t>(s.taken.size()), row), row + top_k, -1); }
+  void finish() {
+    const int64_t chosen = ascending_marked(s.taken.data(), static_cast<int64_t>(s.taken.size()), row);
+    std::fill(row + chosen, row + top_k, -1);
+  }
 };
 
 // Selects the blocks of one (b, n, query) whose own block is `current` and writes `row` [K]:
