@@ -42,7 +42,7 @@ from quest_ort.ops.reference.int8_rows import dequantize_rows
 from quest_ort.ops.reference.sparse_block_select import hierarchical_reads
 
 from . import ROOT
-from .harness import read_bandwidth
+from .harness import pyplot, read_bandwidth
 from .quality_runtime import block_bounds, bound_arrays, bound_sets, sharing_cache, super_arrays
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -396,10 +396,9 @@ def ratios(ms: dict[str, float]) -> dict[str, float]:
 
 
 def plot(rows, memory, path, title, ttft=(), long_part=None):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path.name)
+    if plt is None:
+        return False
 
     long_part = long_part or {}
     long_rows = long_part.get("rows", [])
@@ -457,6 +456,7 @@ def plot(rows, memory, path, title, ttft=(), long_part=None):
         axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def ttft_runs(text: str) -> tuple[tuple[str, str], ...]:
@@ -567,10 +567,10 @@ def main(argv=None):
                       bounds_dtype=quest.sidecar.bounds_dtype, threads=args.threads, decode=rows, speedup=speedups,
                       decode_date=time.strftime("%Y-%m-%d"))
         write_report(report)
-        plot(rows, report.get("memory", {}), RESULTS / "e2e.png",
-             f"Qwen3-0.6B geometry, {WEIGHTS} weights, {quest.sidecar.geometry.num_layers} layers, {args.threads} threads",
-             report.get("time_to_first_token", ()), report.get("long_decode"))
-        print(f"wrote {RESULTS / 'e2e.json'} and e2e.png")
+        drawn = plot(rows, report.get("memory", {}), RESULTS / "e2e.png",
+                     f"Qwen3-0.6B geometry, {WEIGHTS} weights, {quest.sidecar.geometry.num_layers} layers, "
+                     f"{args.threads} threads", report.get("time_to_first_token", ()), report.get("long_decode"))
+        print(f"wrote {RESULTS / 'e2e.json'}" + (" and e2e.png" if drawn else ""))
         return
     report = dict(geometry=GEOMETRY, weights=WEIGHTS, top_k=settings.top_k, block_size=settings.block_size,
                   group_reduce=settings.group_reduce, bounds_dtype=quest.sidecar.bounds_dtype, threads=args.threads,
@@ -582,10 +582,10 @@ def main(argv=None):
                   decode=rows, speedup=speedups, memory_at=CONTEXTS[-1], memory={}, prefill=[])
     title = f"Qwen3-0.6B geometry, {WEIGHTS} weights, {quest.sidecar.geometry.num_layers} layers, {args.threads} threads"
 
-    def save() -> None:  # after each part: a later failure loses nothing measured
+    def save() -> bool:  # after each part: a later failure loses nothing measured
         write_report(report)
-        plot(rows, report["memory"], RESULTS / "e2e.png", title, report.get("time_to_first_token", ()),
-             report.get("long_decode"))
+        return plot(rows, report["memory"], RESULTS / "e2e.png", title, report.get("time_to_first_token", ()),
+                    report.get("long_decode"))
 
     save()
     # (the decode caches are freed; the long part allocates two 128K caches of its own)
@@ -600,8 +600,8 @@ def main(argv=None):
     save()
     del models, float16  # (each run of time_to_first_token opens its model in a process of its own)
     report["time_to_first_token"] = time_to_first_token(folders, args.ttft_tokens, args.threads, runs=args.ttft_runs)
-    save()
-    print(f"wrote {RESULTS / 'e2e.json'} and e2e.png")
+    drawn = save()
+    print(f"wrote {RESULTS / 'e2e.json'}" + (" and e2e.png" if drawn else ""))
 
 
 if __name__ == "__main__":

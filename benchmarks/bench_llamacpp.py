@@ -37,6 +37,7 @@ import urllib.request
 import numpy as np
 
 from . import ROOT
+from .harness import pyplot
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BUILD = ROOT / "build" / "llamacpp"
@@ -244,10 +245,9 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def plot(report: dict, path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path.name)
+    if plt is None:
+        return False
 
     panels = [(kind, unit) for kind, unit in (("prompt", "s per 512-token prompt step"), ("decode", "ms per token"))
               if any(key.startswith(kind) for key in report["summary"])]  # a partial run: its kinds only
@@ -268,6 +268,7 @@ def plot(report: dict, path: pathlib.Path) -> None:
     fig.suptitle(report["model"])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def main(argv=None):
@@ -284,10 +285,10 @@ def main(argv=None):
     report = measure(args)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1) + "\n")
-    plot(report, args.output.with_suffix(".png"))
+    drawn = plot(report, args.output.with_suffix(".png"))
     for key, entry in report["summary"].items():
         print(f"{key:>16}: {entry['seconds']}  {entry['times_faster']}")
-    print(f"wrote {args.output} and {args.output.with_suffix('.png').name}")
+    print(f"wrote {args.output}" + (f" and {args.output.with_suffix('.png').name}" if drawn else ""))
 
 
 if __name__ == "__main__":

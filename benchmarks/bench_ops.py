@@ -46,7 +46,7 @@ from quest_ort.runtime import make_session
 from quest_ort.runtime.binding import InPlaceStep
 from quest_ort.runtime.buffers import cache_buffer
 
-from .harness import (blocks_per_kv_head, copies_for, gqa_decode_model, plain_session, read_bandwidth,
+from .harness import (blocks_per_kv_head, copies_for, gqa_decode_model, plain_session, pyplot, read_bandwidth,
                       time_rotating)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -496,10 +496,9 @@ def summarize(rows, bandwidth):
 
 
 def plot(rows, bandwidth, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path.name)
+    if plt is None:
+        return False
 
     default = SETTINGS[0]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
@@ -531,6 +530,7 @@ def plot(rows, bandwidth, path):
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def main(argv=None):
@@ -591,8 +591,8 @@ def main(argv=None):
                   read_bandwidth_gb_per_s={str(k): round(v, 2) for k, v in bandwidth.items()},
                   summary=summary, rows=rows)
     (args.output / "ops.json").write_text(json.dumps(report, indent=1))
-    plot(rows, bandwidth, args.output / "ops.png")
-    print(f"wrote {args.output / 'ops.json'} and {args.output / 'ops.png'}")
+    drawn = plot(rows, bandwidth, args.output / "ops.png")
+    print(f"wrote {args.output / 'ops.json'}" + (f" and {args.output / 'ops.png'}" if drawn else ""))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import time
 import urllib.request
 
 from .bench_text import ensure_folder
+from .harness import pyplot
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MAX_TOKENS = 128
@@ -147,10 +148,9 @@ def prefix_reuse(url: str, reply_tokens: int) -> dict:
 
 
 def plot(report: dict, path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path.name)
+    if plt is None:
+        return False
 
     rounds = report["rounds"]
     figure, (rate, first) = plt.subplots(1, 2, figsize=(10, 4))
@@ -165,6 +165,7 @@ def plot(report: dict, path: pathlib.Path) -> None:
     first.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+    return True
 
 
 def main(argv=None):
@@ -205,8 +206,8 @@ def main(argv=None):
     print(json.dumps(report["summary"]), flush=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1) + "\n")
-    plot(report, args.output.with_suffix(".png"))
-    print(f"wrote {args.output} and {args.output.with_suffix('.png')}")
+    drawn = plot(report, args.output.with_suffix(".png"))
+    print(f"wrote {args.output}" + (f" and {args.output.with_suffix('.png')}" if drawn else ""))
 
 
 if __name__ == "__main__":

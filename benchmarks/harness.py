@@ -63,6 +63,21 @@ def read_bandwidth(threads: int, gigabytes: float = 1.0, repeats: int = 5) -> fl
     return data.nbytes / best / 1e9
 
 
+def pyplot(drawing: str):
+    """matplotlib's pyplot (headless) to draw `drawing` (a file name), or None, saying so, where
+    matplotlib is not installed: a benchmark writes its JSON, which holds every figure, before its
+    plot (the make targets that run benchmarks install matplotlib; a venv made for the tests has none)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: {drawing} not drawn (the JSON holds every figure)", flush=True)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def gqa_decode_model(num_heads: int, kv_num_heads: int, head_dim: int, capacity: int, dtype,
                      int8_kv: bool = False, query_len: int = 1) -> onnx.ModelProto:
     """ONNX Runtime's com.microsoft.GroupQueryAttention for `query_len` tokens (one decode token by

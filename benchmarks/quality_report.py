@@ -8,6 +8,7 @@ import re
 
 from quest_ort.model_folder.settings import BUDGET_PAGE_TOKENS
 
+from .harness import pyplot
 from .quality_retrieval import retrieval_table
 
 BEGIN, END = "<!-- BEGIN GENERATED: benchmarks/eval_quality.py -->", "<!-- END GENERATED -->"
@@ -292,10 +293,9 @@ def _budget_axis(ax, budgets) -> None:
 
 
 def _plots(report, folder: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("quality_passkey.png and quality_perplexity.png")
+    if plt is None:
+        return
     import matplotlib.ticker
 
     models = list(report["models"].values())

@@ -3,6 +3,8 @@ bounds fed as the exporter's graph keeps them, and the hierarchical selection's 
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -65,3 +67,10 @@ def test_a_hierarchical_setting_runs_and_counts_the_bytes_it_reads(dtype, monkey
     step = next(row for row in rows if row["kind"] == "sparse_step")
     attention = next(row for row in rows if row["kind"] == "sparse_attention")
     assert step["bytes"] == select["bytes"] + attention["bytes"]
+
+
+def test_without_matplotlib_the_plot_is_left_out_saying_so(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    assert bench_ops.plot([], {1: 10.0, 2: 20.0}, tmp_path / "ops.png") is False
+    assert "matplotlib is not installed: ops.png not drawn" in capsys.readouterr().out
+    assert not (tmp_path / "ops.png").exists()
