@@ -244,7 +244,7 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def plot(report: dict, path: pathlib.Path) -> None:
+def plot(report: dict, path: pathlib.Path) -> bool:
     plt = pyplot(path.name)
     if plt is None:
         return False

@@ -147,7 +147,7 @@ def prefix_reuse(url: str, reply_tokens: int) -> dict:
             "resent_cached_tokens": warm["cached_tokens"]}
 
 
-def plot(report: dict, path: pathlib.Path) -> None:
+def plot(report: dict, path: pathlib.Path) -> bool:
     plt = pyplot(path.name)
     if plt is None:
         return False

@@ -64,7 +64,7 @@ def read_bandwidth(threads: int, gigabytes: float = 1.0, repeats: int = 5) -> fl
 
 
 def pyplot(drawing: str):
-    """matplotlib's pyplot (headless) to draw `drawing` (a file name), or None, saying so, where
+    """matplotlib's pyplot (headless) to draw `drawing` (its file names), or None, saying so, where
     matplotlib is not installed: a benchmark writes its JSON, which holds every figure, before its
     plot (the make targets that run benchmarks install matplotlib; a venv made for the tests has none)."""
     try:
