@@ -645,8 +645,8 @@ def main(argv=None):
         clock.log(f"{name}: done in {report['models'][name]['seconds']} s; wrote {path}")
     from .quality_report import write_report
 
-    write_report(report, output)
-    clock.log(f"wrote {output / 'quality.md'} and the plots")
+    drew = write_report(report, output)
+    clock.log(f"wrote {output / 'quality.md'}" + (" and the plots" if drew else ""))
 
 
 if __name__ == "__main__":

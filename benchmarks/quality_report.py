@@ -292,10 +292,10 @@ def _budget_axis(ax, budgets) -> None:
     ax.set_xlabel("budget (tokens)")
 
 
-def _plots(report, folder: pathlib.Path) -> None:
+def _plots(report, folder: pathlib.Path) -> bool:
     plt = pyplot("quality_passkey.png and quality_perplexity.png")
     if plt is None:
-        return
+        return False
     import matplotlib.ticker
 
     models = list(report["models"].values())
@@ -342,13 +342,14 @@ def _plots(report, folder: pathlib.Path) -> None:
     fig.tight_layout()
     fig.savefig(folder / "quality_perplexity.png", dpi=90)
     plt.close("all")
+    return True
 
 
-def write_report(report, folder: pathlib.Path, plots: bool = True) -> None:
-    """The generated part of folder/quality.md (the text around the markers is kept) and the plots."""
+def write_report(report, folder: pathlib.Path, plots: bool = True) -> bool:
+    """The generated part of folder/quality.md (the text around the markers is kept) and the plots;
+    whether the plots were drawn (not where asked not to, nor without matplotlib)."""
     path = folder / "quality.md"
     text = path.read_text() if path.is_file() else "# Quality with real weights\n\n" + BEGIN + "\n" + END + "\n"
     pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
     path.write_text(pattern.sub(lambda _: "\n".join(markdown(report)), text))
-    if plots:
-        _plots(report, folder)
+    return plots and _plots(report, folder)

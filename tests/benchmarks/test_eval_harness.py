@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -262,10 +264,18 @@ def test_summary_names_the_policies_that_lose_no_key_at_k32(lost, listed):
 def test_report_replaces_only_the_generated_part(tmp_path):
     model = _model_report(_pass_key_rows([(True, True)]), _perplexity_rows())
     (tmp_path / "quality.md").write_text(f"# Q\n\nreading\n\n{quality_report.BEGIN}\nold\n{quality_report.END}\n")
-    quality_report.write_report(dict(models={"m": model}), tmp_path, plots=False)  # plots need matplotlib
+    assert quality_report.write_report(dict(models={"m": model}), tmp_path, plots=False) is False
     text = (tmp_path / "quality.md").read_text()
     assert "reading" in text and "\nold\n" not in text
     assert "| P32 mean s1 r1 (default) | **11.000 (+10.0%)** |" in text
+
+
+def test_without_matplotlib_the_report_is_written_and_says_the_plots_are_not(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    model = _model_report(_pass_key_rows([(True, True)]), _perplexity_rows())
+    assert quality_report.write_report(dict(models={"m": model}), tmp_path) is False
+    assert "matplotlib is not installed: quality_passkey.png and quality_perplexity.png not drawn" in capsys.readouterr().out
+    assert (tmp_path / "quality.md").is_file() and not list(tmp_path.glob("*.png"))
 
 
 def test_a_kv_head_reads_the_union_of_its_query_heads_lists():
