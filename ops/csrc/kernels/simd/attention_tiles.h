@@ -114,12 +114,16 @@ QUEST_INLINE void head_logits(const float* queries, int64_t g, int64_t Dp, const
   const TC* keys = rows.keys;
   const int64_t count = rows.count, D = rows.D;
   const auto walk = [&]<bool Full, bool Prefetching>() {
+    // A local copy: its cursor stays in a register across the tiles (through `values` it went to
+    // memory and back at every tick).
+    SpreadPrefetch ahead = values;
     int64_t t = 0;
     for (; t + kRows <= count; t += kRows)
       logits_tile<Heads, kRows, Full, Prefetching>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp,
-                                                   &values);
+                                                   &ahead);
     for (; t < count; ++t)
-      logits_tile<Heads, 1, Full, Prefetching>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp, &values);
+      logits_tile<Heads, 1, Full, Prefetching>(queries + g * Dp, Dp, keys + t * D, D, logits + g * Pp + t, Pp, &ahead);
+    values = ahead;
   };
   const bool full = D % kChunk == 0, prefetching = values.active();
   if (full && !prefetching)
@@ -277,8 +281,9 @@ QUEST_INLINE void value_tile(const TC* values, int64_t first, int64_t count, int
   unrolled<Heads>([&](auto h) {
     unrolled<Chunks>([&](auto c) { acc[h * Chunks + c] = Lanes::load(accumulators + h * Dp + d + c * kChunk); });
   });
+  SpreadPrefetch local = ahead;  // in registers across the rows (as head_logits' copy)
   for (int64_t t = first; t < count; ++t) {
-    ahead.tick();
+    local.tick();
     const TC* v = values + t * D;
     Lanes w[Heads];
     unrolled<Heads>([&](auto h) { w[h] = Lanes::broadcast(weights[h * Pp + t]); });
@@ -290,6 +295,7 @@ QUEST_INLINE void value_tile(const TC* values, int64_t first, int64_t count, int
   unrolled<Heads>([&](auto h) {
     unrolled<Chunks>([&](auto c) { acc[h * Chunks + c].store(accumulators + h * Dp + d + c * kChunk); });
   });
+  ahead = local;
 }
 
 // Passes head_values makes over the value rows for `rows_count` rows in groups of four (one per
