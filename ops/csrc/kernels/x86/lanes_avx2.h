@@ -75,9 +75,15 @@ struct Lanes {
     return {_mm256_cmp_ps(q.lo, zero, _CMP_GT_OQ), _mm256_cmp_ps(q.hi, zero, _CMP_GT_OQ)};
   }
   // a in the lanes whose mask is set, b elsewhere (masks from positive_mask: all bits or none).
-  static Lanes select_bits(Lanes mask, Lanes a, Lanes b) {
-    return {_mm256_blendv_ps(b.lo, a.lo, mask.lo), _mm256_blendv_ps(b.hi, a.hi, mask.hi)};
+  // The blend is written out: GCC 12 turns _mm256_blendv_ps into a select on `mask < 0` and, not
+  // knowing the mask is all bits or none, emitted a vpcmpgtd before every blend (the bound
+  // scoring's inner loop: eight more instructions per 16 dimensions on 40).
+  static __m256 blend(__m256 mask, __m256 a, __m256 b) {
+    __m256 out;
+    __asm__("vblendvps %1, %2, %3, %0" : "=x"(out) : "x"(mask), "x"(a), "x"(b));
+    return out;
   }
+  static Lanes select_bits(Lanes mask, Lanes a, Lanes b) { return {blend(mask.lo, a.lo, b.lo), blend(mask.hi, a.hi, b.hi)}; }
   // True when a >= b in every lane (ordered: false if either holds a NaN).
   static bool all_at_least(Lanes a, Lanes b) {
     const __m256 ge = _mm256_and_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GE_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_GE_OQ));
