@@ -91,41 +91,47 @@ inline const float* quantize_rows(float* rows, int64_t heads, int64_t Dp, int64_
 QUEST_INLINE Lanes ordered_term(Lanes q, Lanes positive, Lanes hi, Lanes lo) { return q * Lanes::select_bits(positive, hi, lo); }
 QUEST_INLINE Lanes general_term(Lanes q, Lanes hi, Lanes lo) { return Lanes::max_select(q * hi, q * lo); }
 
-// Bounds of four query rows (q, positive masks) against one block: independent sums, each in
-// canonical order. Plain locals (no arrays of vectors) keep the accumulators in registers.
-template <typename TC>
-QUEST_INLINE void bounds4(const BoundRows& r, int64_t g, const TC* hi, const TC* lo, int64_t D, float* out) {
-  const float *q0 = r.rows + g * r.Dp, *q1 = q0 + r.Dp, *q2 = q1 + r.Dp, *q3 = q2 + r.Dp;
-  const float *p0 = r.positive + g * r.Dp, *p1 = p0 + r.Dp, *p2 = p1 + r.Dp, *p3 = p2 + r.Dp;
-  Lanes a0 = Lanes::zero(), a1 = a0, a2 = a0, a3 = a0;
+// Bounds of `Rows` query rows (1 to 4, from row g; q and positive masks) against one block:
+// independent sums, each in canonical order, to out[0 .. Rows-1]. Each chunk of the block's bounds
+// is loaded once for the rows; the accumulators are indexed by constants only (unrolled), so they
+// stay in registers.
+template <int Rows, typename TC>
+QUEST_INLINE void row_bounds(const BoundRows& r, int64_t g, const TC* hi, const TC* lo, int64_t D, float* out) {
+  static_assert(Rows >= 1 && Rows <= 4);
+  const float* q = r.rows + g * r.Dp;
+  const float* positive = r.positive + g * r.Dp;
+  Lanes acc[4];
+  unrolled<4>([&](auto k) { acc[k] = Lanes::zero(); });
   const auto chunk = [&](int64_t d, Lanes h, Lanes l) QUEST_INLINE_LAMBDA {
     // int8 bounds always take the ordered form: it is their term even where max < min.
     if (kInt8Bounds<TC> || (r.no_infinity && Lanes::all_at_least(h, l))) {
-      a0 = a0 + ordered_term(Lanes::load(q0 + d), Lanes::load(p0 + d), h, l);
-      a1 = a1 + ordered_term(Lanes::load(q1 + d), Lanes::load(p1 + d), h, l);
-      a2 = a2 + ordered_term(Lanes::load(q2 + d), Lanes::load(p2 + d), h, l);
-      a3 = a3 + ordered_term(Lanes::load(q3 + d), Lanes::load(p3 + d), h, l);
+      unrolled<Rows>([&](auto k) {
+        acc[k] = acc[k] + ordered_term(Lanes::load(q + k * r.Dp + d), Lanes::load(positive + k * r.Dp + d), h, l);
+      });
     } else {
-      a0 = a0 + general_term(Lanes::load(q0 + d), h, l);
-      a1 = a1 + general_term(Lanes::load(q1 + d), h, l);
-      a2 = a2 + general_term(Lanes::load(q2 + d), h, l);
-      a3 = a3 + general_term(Lanes::load(q3 + d), h, l);
+      unrolled<Rows>([&](auto k) { acc[k] = acc[k] + general_term(Lanes::load(q + k * r.Dp + d), h, l); });
     }
   };
   int64_t d = 0;
   for (; d + kChunk <= D; d += kChunk) chunk(d, Lanes::load(hi + d), Lanes::load(lo + d));
   if (d < D) chunk(d, load_partial(hi + d, D - d), load_partial(lo + d, D - d));  // zero past D, like q
-  Lanes::fold4(a0, a1, a2, a3, out);  // the four canonical folds, shuffled into shared registers
+  if constexpr (Rows == 1) {
+    out[0] = acc[0].fold();
+  } else {
+    float folded[4];
+    Lanes::fold4(acc[0], acc[1], acc[2], acc[3], folded);  // the canonical folds, shuffled into shared registers
+    std::copy_n(folded, Rows, out);
+  }
 }
 
 // Bounds of four query rows (from row g) against four consecutive blocks (rows of D values from
-// hi and lo): the sixteen sums bounds4 makes, each in the same canonical order, to
+// hi and lo): the sixteen sums row_bounds<4> makes, each in the same canonical order, to
 // out[row * stride + block]. Each chunk of the query rows is loaded once for the four blocks, and
 // one 4 x 4 fold (fold16) replaces four fold4s: per block this leaves the scoring arithmetic and
 // little else. Every chunk takes the ordered form (ordered_term) while a mask register collects,
 // without a branch, whether every lane of every chunk allowed it; where one did not (max < min, a
 // NaN bound, an infinite query lane: never for bounds QuestMetadata wrote and real queries), the
-// four blocks are scored again chunk by chunk as bounds4 does. For ISAs with fold16 and lane
+// four blocks are scored again chunk by chunk as row_bounds does. For ISAs with fold16 and lane
 // masks (AVX-512: Lanes::kFold16).
 template <typename TC>
 QUEST_INLINE void bounds4x4(const BoundRows& r, int64_t g, const TC* hi, const TC* lo, int64_t D, float* out,
@@ -157,35 +163,29 @@ QUEST_INLINE void bounds4x4(const BoundRows& r, int64_t g, const TC* hi, const T
   }
   for (int64_t b = 0; b < 4; ++b) {
     float bound[4];
-    bounds4(r, g, hi + b * D, lo + b * D, D, bound);
+    row_bounds<4>(r, g, hi + b * D, lo + b * D, D, bound);
     for (int64_t k = 0; k < 4; ++k) out[k * stride + b] = bound[k];
   }
 }
 
-template <typename TC>
-QUEST_INLINE float bound1(const BoundRows& r, int64_t g, const TC* hi, const TC* lo, int64_t D) {
-  const float *q = r.rows + g * r.Dp, *positive = r.positive + g * r.Dp;
-  Lanes acc = Lanes::zero();
-  for (int64_t d = 0; d < D; d += kChunk) {
-    const Lanes h = load_row(hi, d, D), l = load_row(lo, d, D), qd = Lanes::load(q + d);
-    const bool ordered = kInt8Bounds<TC> || (r.no_infinity && Lanes::all_at_least(h, l));
-    acc = acc + (ordered ? ordered_term(qd, Lanes::load(positive + d), h, l) : general_term(qd, h, l));
-  }
-  return acc.fold();
-}
-
 // The bound of each query row against one block, passed to emit(row, bound) in row order: four
-// rows share each read of the block, the one to three left go alone (bounds4 and bound1 are the
-// same canonical sum).
+// rows share each read of the block, then the one to three left share one (row_bounds is the same
+// canonical sum for any number of rows). One row at a time, a group of two (Qwen3-0.6B's) converted
+// each chunk of float16 bounds twice.
 template <typename TC, typename Emit>
 QUEST_INLINE void for_each_row_bound(const BoundRows& r, const TC* hi, const TC* lo, int64_t D, Emit&& emit) {
+  float bound[4];
   int64_t g = 0;
   for (; g + 4 <= r.heads; g += 4) {
-    float bound[4];
-    bounds4(r, g, hi, lo, D, bound);
+    row_bounds<4>(r, g, hi, lo, D, bound);
     for (int64_t j = 0; j < 4; ++j) emit(g + j, bound[j]);
   }
-  for (; g < r.heads; ++g) emit(g, bound1(r, g, hi, lo, D));
+  const int64_t left = r.heads - g;
+  if (left == 0) return;
+  if (left == 1) row_bounds<1>(r, g, hi, lo, D, bound);
+  if (left == 2) row_bounds<2>(r, g, hi, lo, D, bound);
+  if (left == 3) row_bounds<3>(r, g, hi, lo, D, bound);
+  for (int64_t j = 0; j < left; ++j) emit(g + j, bound[j]);
 }
 
 // Block `m`'s bounds on their way to the cache while earlier blocks are scored, when m is in range.
@@ -266,9 +266,10 @@ void score_blocks_per_row(const BoundRows& r, const TC* kmax, const TC* kmin, co
   // NEON hold a Lanes in two and four, and spill): the others score block by block.
   using Tile = std::conditional_t<sizeof(TC) != 0, Lanes, Lanes>;  // dependent: kFold16 is looked up per ISA
 #if defined(QUEST_INT8_DOT)
-  if constexpr (kInt8Bounds<TC>)
-    return integer_score_blocks_per_row(byte_rows(r, r.heads, D, scratch), r.heads, kmax, kmin, exponent, D, eligible,
-                                        scores);
+  if constexpr (kInt8Bounds<TC>) {
+    const int64_t rows = (r.heads + 3) / 4 * 4;  // whole tiles of four (the rows past r.heads are zeros)
+    return integer_score_blocks_per_row(byte_rows(r, rows, D, scratch), rows, kmax, kmin, exponent, D, eligible, scores);
+  }
 #endif
   static_cast<void>(scratch);  // byte rows of the integer dot product only
   int64_t m = 0;
@@ -495,8 +496,9 @@ template <typename T, typename TC>
           s.head_scores.resize(tiles * eligible);
           const float* factor = nullptr;
           if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), tiles, Dp, D, s.row_factor);
-          score_blocks_per_row(bound_rows(s.query.data(), tiles, Dp, s.query_positive, factor), item.kmax,
-                               item.kmin, item.exponent, D, eligible, s.head_scores.data(), s);
+          BoundRows prepared = bound_rows(s.query.data(), tiles, Dp, s.query_positive, factor);
+          prepared.heads = selections;  // the rows that count: the padding may be scored, its scores are never read
+          score_blocks_per_row(prepared, item.kmax, item.kmin, item.exponent, D, eligible, s.head_scores.data(), s);
           scored_query = item.index * S + i;
         }
         return s.head_scores.data() + own * eligible;
