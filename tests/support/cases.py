@@ -431,6 +431,11 @@ LONG_CASES = [
             "dtypes": ("float32", "float16")}),
     Case(**{**_LONG, "batch": 3, "heads": (32, 8), "head_dim": 128, "top_k": "32", "new_tokens": 3,
             "dtypes": ("float16", "float16")}),
+    # Groups of two (the default Qwen3's) and three, flat: the rows left after the fours scored
+    # together (row_bounds), with a partial last chunk at D = 80.
+    Case(**{**_LONG, "heads": (16, 8), "head_dim": 128, "top_k": "32", "new_tokens": 3, "dtypes": ("float32", "float16")}),
+    Case(**{**_LONG, "heads": (6, 3), "head_dim": 80, "top_k": "8", "dtypes": ("float16", "float16")}),
+    Case(**{**_LONG, "heads": (6, 2), "head_dim": 80, "top_k": "16", "reduce": "max", "dtypes": ("float32", "float32")}),
     # Chunk queries over long rows: a chunk's many scoring rows in tiles of four against four blocks
     # (float bounds on AVX-512; int8 bounds' integer tiles: the chunk cases of CASES).
     Case(**{**_LONG, "heads": (16, 8), "head_dim": 128, "top_k": "32", "new_tokens": 64, "chunk": "all",
