@@ -20,6 +20,9 @@ const T* group_query_row(const SparseBlockSelectParams& prm, int64_t b, int64_t 
   return static_cast<const T*>(prm.query) + ((b * prm.num_heads + n * G + g) * S + i) * D;
 }
 
+// Rows rounded up to whole tiles of four (the scoring's tiles; rows past the real ones are zeros).
+inline int64_t whole_tiles(int64_t rows) { return (rows + 3) / 4 * 4; }
+
 // The G query rows of (b, n, i), zero-padded, into rows [G][Dp]; with `heads` above G, rows of
 // zeros after them (scored like the others and ignored: whole tiles of four rows).
 template <typename T>
@@ -79,6 +82,20 @@ inline const float* quantize_rows(float* rows, int64_t heads, int64_t Dp, int64_
   factor.resize(heads);
   for (int64_t g = 0; g < heads; ++g) factor[g] = quantize_query_row(rows + g * Dp, D, rows + g * Dp);
   return factor.data();
+}
+
+// The G query rows of (b, n, i) prepared for scoring each on its own (a selection per query head):
+// loaded into whole tiles of four (rows of zeros after the G), quantized for int8 bounds, and
+// `heads` = G, the rows that count: the padding may be scored, its scores are never read.
+template <typename T, typename TC>
+BoundRows group_bound_rows(const SparseBlockSelectParams& prm, int64_t b, int64_t n, int64_t i, SelectScratch& s) {
+  const int64_t G = prm.num_heads / prm.kv_heads, tiles = whole_tiles(G), D = prm.head_dim, Dp = padded(D);
+  load_group_rows<T>(prm, b, n, i, s.query, tiles);
+  const float* factor = nullptr;
+  if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), tiles, Dp, D, s.row_factor);
+  BoundRows rows = bound_rows(s.query.data(), tiles, Dp, s.query_positive, factor);
+  rows.heads = G;
+  return rows;
 }
 
 // The canonical bound term max(q * hi, q * lo) (`a > b ? a : b`) of a chunk whose lanes all hold
@@ -235,7 +252,7 @@ void score_blocks(const BoundRows& r, const TC* kmax, const TC* kmin, const int8
                   int64_t eligible, float* scores, SelectScratch& selection) {
 #if defined(QUEST_INT8_DOT)
   if constexpr (kInt8Bounds<TC>) {
-    const int64_t rows = r.heads == 1 ? 1 : (r.heads + 3) / 4 * 4;  // the mean row alone, else tiles of four
+    const int64_t rows = r.heads == 1 ? 1 : whole_tiles(r.heads);  // the mean row alone, else tiles of four
     return integer_score_blocks(byte_rows(r, rows, D, selection), kmax, kmin, exponent, D, eligible, scores,
                                 selection);
   }
@@ -267,7 +284,7 @@ void score_blocks_per_row(const BoundRows& r, const TC* kmax, const TC* kmin, co
   using Tile = std::conditional_t<sizeof(TC) != 0, Lanes, Lanes>;  // dependent: kFold16 is looked up per ISA
 #if defined(QUEST_INT8_DOT)
   if constexpr (kInt8Bounds<TC>) {
-    const int64_t rows = (r.heads + 3) / 4 * 4;  // whole tiles of four (the rows past r.heads are zeros)
+    const int64_t rows = whole_tiles(r.heads);
     return integer_score_blocks_per_row(byte_rows(r, rows, D, scratch), rows, kmax, kmin, exponent, D, eligible, scores);
   }
 #endif
@@ -362,7 +379,7 @@ auto run_scorer(const BoundRows& rows, int64_t D, SelectScratch& s) {
 #if defined(QUEST_INT8_DOT)
   if constexpr (kInt8Bounds<TC>) {
     // Byte rows in whole tiles of four (the mean row alone): rows.heads of them count.
-    const int64_t count_rows = !PerRow && rows.heads == 1 ? 1 : (rows.heads + 3) / 4 * 4;
+    const int64_t count_rows = !PerRow && rows.heads == 1 ? 1 : whole_tiles(rows.heads);
     const ByteRows bytes = byte_rows(rows, count_rows, D, s);
     return [bytes, count_rows, D, &s](const TC* kmax, const TC* kmin, const int8_t* exponent, int64_t count,
                                       float* out) {
@@ -412,14 +429,9 @@ void choose_hierarchically(const SparseBlockSelectParams& prm, const SelectItem<
   };
   const auto exponent_at = [&](int64_t first) { return item.exponent ? item.exponent + first : nullptr; };
   if (prm.reduce == GroupReduce::None) {
-    const int64_t G = prm.num_heads / prm.kv_heads, tiles = (G + 3) / 4 * 4;
+    const int64_t G = prm.num_heads / prm.kv_heads, tiles = whole_tiles(G);
     if (scored_query != item.index * prm.query_len + i) {
-      load_group_rows<T>(prm, item.b, item.n, i, s.query, tiles);
-      const float* factor = nullptr;
-      if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), tiles, Dp, D, s.row_factor);
-      BoundRows prepared = bound_rows(s.query.data(), tiles, Dp, s.query_positive, factor);
-      prepared.heads = G;  // the rows that count: the padding may be scored, its scores are never read
-      const auto score = run_scorer<true, TC>(prepared, D, s);
+      const auto score = run_scorer<true, TC>(group_bound_rows<T, TC>(prm, item.b, item.n, i, s), D, s);
       s.super_scores.resize(tiles * eligible_super);
       score(item.super_max, item.super_min, item.super_exponent, eligible_super, s.super_scores.data());
       collect_candidates(s.super_scores.data(), G, eligible_super, keep_super, U, eligible, s);
@@ -471,10 +483,10 @@ template <typename T, typename TC>
     select_chunk_row(prm, first_block, last_block, row, s, [&](int64_t eligible, float* scores) {
       const int64_t rows = load_chunk_rows<T>(prm, item.b, item.n, members.first / prm.chunk_size, members, Dp,
                                               s.query);
-      s.query.resize((rows + 3) / 4 * 4 * Dp, 0.0f);  // rows of zeros to whole tiles of four (never reduced)
+      s.query.resize(whole_tiles(rows) * Dp, 0.0f);  // rows of zeros to whole tiles of four (never reduced)
       const float* factor = nullptr;
       if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), rows, Dp, D, s.row_factor);
-      BoundRows bound = bound_rows(s.query.data(), (rows + 3) / 4 * 4, Dp, s.query_positive, factor);
+      BoundRows bound = bound_rows(s.query.data(), whole_tiles(rows), Dp, s.query_positive, factor);
       bound.heads = rows;  // the rows that count: the padding is scored, never reduced
       score_blocks_many_rows(bound, item.kmax, item.kmin, item.exponent, D, eligible, scores, s);
     });
@@ -491,14 +503,9 @@ template <typename T, typename TC>
     if (shared_pass) {
       select_row(prm, item.importance, p / P, row, s, [&](int64_t eligible, float*) -> const float* {
         if (scored_query != item.index * S + i) {
-          const int64_t tiles = (selections + 3) / 4 * 4;  // rows in whole tiles of four
-          load_group_rows<T>(prm, item.b, item.n, i, s.query, tiles);
-          s.head_scores.resize(tiles * eligible);
-          const float* factor = nullptr;
-          if constexpr (kInt8Bounds<TC>) factor = quantize_rows(s.query.data(), tiles, Dp, D, s.row_factor);
-          BoundRows prepared = bound_rows(s.query.data(), tiles, Dp, s.query_positive, factor);
-          prepared.heads = selections;  // the rows that count: the padding may be scored, its scores are never read
-          score_blocks_per_row(prepared, item.kmax, item.kmin, item.exponent, D, eligible, s.head_scores.data(), s);
+          s.head_scores.resize(whole_tiles(selections) * eligible);  // the padding rows' scores too (tiles of four)
+          score_blocks_per_row(group_bound_rows<T, TC>(prm, item.b, item.n, i, s), item.kmax, item.kmin,
+                               item.exponent, D, eligible, s.head_scores.data(), s);
           scored_query = item.index * S + i;
         }
         return s.head_scores.data() + own * eligible;
